@@ -1,0 +1,47 @@
+"""``llcinfer generate``: stream a completion to stdout."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import UsageError
+from ..sampling import SamplingParams
+from .options import model_options, sampling_kwargs, sampling_options
+
+
+@click.command()
+@model_options
+@sampling_options
+@click.option("--chat", "use_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--verbose", "-v", is_flag=True, help="Print prompt and generation speed on stderr.")
+@click.argument("prompt")
+def generate(prompt, model, threads, n_ctx, use_chat, system, verbose, **kw):
+    """Complete PROMPT (use - to read it from stdin) and stream the text to stdout."""
+    params = SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt:
+        raise UsageError("empty prompt")
+    from ..api import LLM
+
+    llm = LLM(model, threads=threads, n_ctx=n_ctx)
+    if use_chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        pieces = llm.chat(messages, stream=True, **sampling_kwargs(kw))
+    else:
+        pieces = llm.stream(prompt, **sampling_kwargs(kw))
+    del params
+    out = sys.stdout
+    for piece in pieces:
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    if verbose:
+        s = llm.last_stats
+        click.echo(
+            f"[{llm.model_path.name} | threads {llm.threads}] {s.summary()}", err=True
+        )

@@ -1,0 +1,50 @@
+"""Options shared by ``generate`` and ``chat`` (names and defaults as llama.cpp's)."""
+
+from __future__ import annotations
+
+import click
+
+from ..sampling import SamplingParams
+
+_D = SamplingParams()
+
+
+def model_options(f):
+    f = click.option("--n-ctx", "-c", "n_ctx", type=int, default=None,
+                     help="Context length in tokens (default: the model's).")(f)
+    f = click.option("--threads", "-t", type=int, default=None,
+                     help="Kernel threads (default: physical cores).")(f)
+    f = click.option("--model", "-m", default=None,
+                     help="Catalog name or path to a .gguf file (default: smollm2-135m).")(f)
+    return f
+
+
+def sampling_options(f):
+    opts = [
+        click.option("--max-tokens", "-n", type=int, default=_D.max_tokens, show_default=True,
+                     help="Tokens to generate at most."),
+        click.option("--temp", "temperature", type=float, default=_D.temperature, show_default=True,
+                     help="Temperature; 0 is greedy."),
+        click.option("--top-k", type=int, default=_D.top_k, show_default=True, help="Top-k (0: off)."),
+        click.option("--top-p", type=float, default=_D.top_p, show_default=True, help="Top-p, in (0, 1]."),
+        click.option("--min-p", type=float, default=_D.min_p, show_default=True, help="Min-p, in [0, 1]."),
+        click.option("--repeat-penalty", type=float, default=_D.repeat_penalty, show_default=True,
+                     help="Repetition penalty (1.0: off)."),
+        click.option("--repeat-last-n", type=int, default=_D.repeat_last_n, show_default=True,
+                     help="Tokens the repetition penalty looks back (-1: all)."),
+        click.option("--seed", "-s", type=int, default=None, help="Random seed (default: random)."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def sampling_kwargs(kw: dict) -> dict:
+    """Pick the SamplingParams fields out of click's keyword arguments."""
+    keys = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+            "repeat_last_n", "seed", "ignore_eos")
+    out = {k: kw[k] for k in keys}
+    out["stop"] = tuple(kw.get("stop") or ())
+    return out

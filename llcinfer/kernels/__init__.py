@@ -1,0 +1,131 @@
+"""Kernel interface used by the forward pass.
+
+The model code only sees ``Linear`` (a weight matrix bound to the kernel for its tensor
+type) and the functions re-exported here.  Swapping in faster kernels (the SIMD issue)
+means changing what ``Linear`` dispatches to, not the model code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants as gguf_quants
+from gguf.constants import GGMLQuantizationType as QT
+
+from ..errors import ModelFileError
+from .activation import swiglu
+from .attention import attention
+from .float_matmul import f32_matmul, half_get_rows, half_matmul
+from .jit import default_threads, set_threads
+from .norm import rms_norm
+from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
+from .rope import rope_inplace
+from .tables import BF16_TO_F32, F16_TO_F32
+
+__all__ = [
+    "Linear", "linear_many", "rms_norm", "rope_inplace", "attention", "swiglu", "set_threads", "default_threads",
+]
+
+
+class Linear:
+    """A weight matrix W [rows=N, cols=K] from a GGUF tensor; ``lin(x)`` is x @ W.T.
+
+    The raw bytes stay in the memory map (no copy); shapes were validated by GGUFFile, and
+    are checked again here against what the caller expects before a kernel sees them.
+    """
+
+    def __init__(self, info, expect_shape: tuple[int, int] | None = None):
+        if len(info.shape) != 2:
+            raise ModelFileError(f"tensor {info.name}: expected a matrix, got shape {info.shape}")
+        self.name = info.name
+        self.qtype = info.qtype
+        self.rows, self.cols = (int(s) for s in info.shape)
+        if expect_shape is not None and (self.rows, self.cols) != tuple(expect_shape):
+            raise ModelFileError(
+                f"tensor {info.name}: shape {(self.rows, self.cols)} does not match the model's {tuple(expect_shape)}"
+            )
+        self.info = info
+        code = int(self.qtype)
+        if code in QUANT_BLOCK:
+            block, type_size = QUANT_BLOCK[code]
+            self._w = info.data  # [N, row_bytes] uint8 view into the map
+            if self._w.shape != (self.rows, self.cols // block * type_size) or not self._w.flags.c_contiguous:
+                raise ModelFileError(f"tensor {info.name}: unexpected data layout {self._w.shape}")
+            self._kind = "quant"
+        elif self.qtype == QT.F32:
+            self._w = np.asarray(info.data, dtype=np.float32).reshape(self.rows, self.cols)
+            self._kind = "f32"
+        elif self.qtype in (QT.F16, QT.BF16):
+            self._w = np.ascontiguousarray(info.data).view(np.uint16).reshape(self.rows, self.cols)
+            self._lut = F16_TO_F32 if self.qtype == QT.F16 else BF16_TO_F32
+            self._kind = "half"
+        else:  # GGUFFile.tensor() refuses these first; kept as a guard
+            raise ModelFileError(f"tensor {info.name}: no kernel for {self.qtype.name}")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.info.n_bytes)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x  # [M, K] f32 contiguous  ->  out  # [M, N] f32"""
+        if x.ndim != 2 or x.shape[1] != self.cols or x.dtype != np.float32:
+            raise ValueError(f"{self.name}: activation shape {x.shape} {x.dtype}, expected [M, {self.cols}] float32")
+        x = np.ascontiguousarray(x)
+        if out is None:
+            out = np.empty((x.shape[0], self.rows), np.float32)
+        if self._kind == "quant":
+            quant_matmul(x, self._w, int(self.qtype), F16_TO_F32, out)
+        elif self._kind == "f32":
+            f32_matmul(x, self._w, out)
+        else:
+            half_matmul(x, self._w, self._lut, out)
+        return out
+
+    def get_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ids of W as float32 [T, K] (embedding lookup); ids checked against N."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):
+            raise ValueError(f"{self.name}: token id out of range [0, {self.rows})")
+        if self._kind == "half":
+            out = np.empty((ids.size, self.cols), np.float32)
+            half_get_rows(self._w, ids, self._lut, out)
+            return out
+        if self._kind == "f32":
+            return self._w[ids].copy()
+        return gguf_quants.dequantize(self._w[ids], self.qtype).reshape(ids.size, self.cols)
+
+    def dequantize(self) -> np.ndarray:
+        """The whole matrix as float32 [N, K] via gguf's reference dequantizers (oracle)."""
+        return dequantize_tensor(self.info)
+
+
+_NO_ROWS = np.zeros((0, 1), np.uint8)  # [0, 1] stand-in for an absent third weight
+_NO_ROWS.setflags(write=False)
+
+
+def linear_many(x: np.ndarray, linears: list[Linear]) -> list[np.ndarray]:
+    """[x @ W.T for W in linears] with one pool launch when all are quantized (2 or 3)."""
+    if 2 <= len(linears) <= 3 and all(lin._kind == "quant" for lin in linears):
+        x = np.ascontiguousarray(x)
+        M = x.shape[0]
+        for lin in linears:
+            if x.ndim != 2 or x.shape[1] != lin.cols or x.dtype != np.float32:
+                raise ValueError(f"{lin.name}: activation shape {x.shape}, expected [M, {lin.cols}] float32")
+        outs = [np.empty((M, lin.rows), np.float32) for lin in linears]
+        ws = [lin._w for lin in linears]
+        qs = [int(lin.qtype) for lin in linears]
+        if len(linears) == 2:
+            ws.append(_NO_ROWS)
+            qs.append(0)
+            y2 = np.empty((M, 0), np.float32)
+        else:
+            y2 = outs[2]
+        quant_matmul3(x, ws[0], qs[0], outs[0], ws[1], qs[1], outs[1], ws[2], qs[2], y2, F16_TO_F32)
+        return outs
+    return [lin(x) for lin in linears]
+
+
+def dequantize_tensor(info) -> np.ndarray:
+    """Any supported GGUF tensor as float32 in NumPy order, using ``gguf``'s dequantizers."""
+    if info.qtype == QT.F32:
+        return np.asarray(info.data, dtype=np.float32).reshape(info.shape).copy()
+    return np.asarray(gguf_quants.dequantize(info.data, info.qtype), dtype=np.float32).reshape(info.shape)

@@ -1,0 +1,41 @@
+"""A simple contiguous per-sequence KV cache (float32).
+
+The paged, growable cache of a later issue replaces it behind the same methods.  NumPy's
+zeroed allocation is lazily committed by the OS, so memory follows the tokens written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ContextLengthError, OutOfMemoryError
+
+
+class KVCache:
+    def __init__(self, n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int):
+        self.n_ctx = int(n_ctx)
+        try:
+            self.k = np.zeros((n_layer, n_ctx, n_kv_head, head_dim), np.float32)  # [layer, token, kv_head, head_dim]
+            self.v = np.zeros((n_layer, n_ctx, n_kv_head, head_dim), np.float32)  # [layer, token, kv_head, head_dim]
+        except MemoryError:
+            gib = 2 * n_layer * n_ctx * n_kv_head * head_dim * 4 / 2**30
+            raise OutOfMemoryError(f"cannot allocate a KV cache of {gib:.1f} GiB for {n_ctx} tokens") from None
+        self.n_tokens = 0  # positions 0 .. n_tokens-1 hold valid K/V
+
+    def check_room(self, n_new: int) -> None:
+        if self.n_tokens + n_new > self.n_ctx:
+            raise ContextLengthError(
+                f"context full: {self.n_tokens} + {n_new} tokens exceed the context length {self.n_ctx}"
+            )
+
+    def store(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v  # [M, n_kv_head, head_dim] for positions pos0 .. pos0+M-1"""
+        self.k[layer, pos0:pos0 + k.shape[0]] = k
+        self.v[layer, pos0:pos0 + v.shape[0]] = v
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every position >= n_tokens (rollback, or reuse of a shared prefix)."""
+        self.n_tokens = max(0, min(int(n_tokens), self.n_tokens))
+
+    def clear(self) -> None:
+        self.n_tokens = 0

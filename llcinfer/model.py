@@ -1,0 +1,93 @@
+"""The decoder forward pass on the kernels (the fast path).
+
+    x = embed(tokens)
+    for each layer:
+        h = rmsnorm(x);  q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv);  rope(q, k)
+        x += attention(q, K_cache, V_cache) Wo
+        h = rmsnorm(x);  x += (silu(h Wg) * h Wu) Wd
+    logits = rmsnorm(x) Wout
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernels as K
+from .architectures import get_architecture
+from .architectures.base import ModelConfig, ModelWeights
+from .errors import ContextLengthError
+from .gguf_file import GGUFFile
+from .kv_cache import KVCache
+
+
+def rope_inv_freq(cfg: ModelConfig, freq_factors: np.ndarray | None) -> np.ndarray:
+    """inv_freq[i] = base^(-2i/d) / factor[i]   # [rope_dim / 2] f64"""
+    i = np.arange(cfg.rope_dim // 2, dtype=np.float64)
+    inv = cfg.rope_base ** (-2.0 * i / cfg.rope_dim)
+    if freq_factors is not None:
+        inv = inv / freq_factors.astype(np.float64)
+    return inv
+
+
+class Transformer:
+    """Weights bound to kernels plus the forward pass.  One instance serves many sequences;
+    each sequence brings its own ``KVCache``."""
+
+    def __init__(self, gguf: GGUFFile):
+        arch_name = gguf.require("general.architecture")
+        arch = get_architecture(arch_name)
+        self.gguf = gguf
+        self.config: ModelConfig = arch.read_config(gguf)
+        self.weights: ModelWeights = arch.load_weights(gguf, self.config)
+        self.inv_freq = rope_inv_freq(self.config, self.weights.rope_freq_factors)  # [rope_dim/2]
+        self.scale = np.float32(1.0 / np.sqrt(self.config.head_dim))
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layer, n_ctx, c.n_kv_head, c.head_dim)
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` at positions cache.n_tokens ...; append their K/V to the cache.
+
+        Returns logits # [M, vocab] if all_logits else [vocab] for the last token.
+        """
+        c, w = self.config, self.weights
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        M = ids.size
+        if M == 0:
+            raise ValueError("forward() needs at least one token")
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise ValueError(f"token id out of range [0, {c.vocab_size})")
+        cache.check_room(M)
+        pos0 = cache.n_tokens
+        positions = np.arange(pos0, pos0 + M, dtype=np.int64)  # [M]
+        x = w.token_embd.get_rows(ids)  # [M, d_model] residual stream
+        h = np.empty_like(x)  # [M, d_model] normed input of a block
+        attn = np.empty((M, c.n_head, c.head_dim), np.float32)  # [M, H, D]
+        for li, lw in enumerate(w.layers):
+            K.rms_norm(x, lw.attn_norm, c.rms_eps, h)
+            q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv])  # [M, H*D], [M, KVH*D], [M, KVH*D]
+            if lw.bq is not None:
+                q += lw.bq
+                k += lw.bk
+                v += lw.bv
+            q3 = q.reshape(M, c.n_head, c.head_dim)
+            k3 = k.reshape(M, c.n_kv_head, c.head_dim)
+            K.rope_inplace(q3, positions, self.inv_freq, c.rope_neox)
+            K.rope_inplace(k3, positions, self.inv_freq, c.rope_neox)
+            cache.store(li, pos0, k3, v.reshape(M, c.n_kv_head, c.head_dim))
+            K.attention(q3, cache.k[li], cache.v[li], pos0, self.scale, attn)
+            x += lw.wo(attn.reshape(M, -1))
+            K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)
+            gate, up = K.linear_many(h, [lw.w_gate, lw.w_up])  # [M, d_ff] each
+            K.swiglu(gate, up, gate)
+            x += lw.w_down(gate)
+        cache.n_tokens = pos0 + M
+        rows = x if all_logits else x[-1:]
+        K.rms_norm(rows, w.output_norm, c.rms_eps, rows)
+        logits = w.output(np.ascontiguousarray(rows))  # [M or 1, vocab]
+        return logits if all_logits else logits[0]
+
+    def check_fits(self, n_tokens: int, n_ctx: int) -> None:
+        if n_tokens > n_ctx:
+            raise ContextLengthError(f"prompt of {n_tokens} tokens exceeds the context length {n_ctx}")

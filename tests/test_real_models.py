@@ -1,0 +1,99 @@
+"""The fast path against the NumPy oracle on the real catalog models."""
+
+import numpy as np
+import pytest
+from real_models import real_gguf, real_model_path
+
+from llcinfer.engine import Engine
+from llcinfer.model import Transformer
+from llcinfer.reference import ReferenceModel
+from llcinfer.sampling import SamplingParams
+from llcinfer.tokenizer import Tokenizer
+
+TEXT = (
+    "The history of computing is longer than the history of computing hardware and modern "
+    "computing technology and includes the history of methods intended for pen and paper or "
+    "for chalk and slate, with or without the aid of tables. Digital computing is intimately "
+    "tied to the representation of numbers. But long before abstractions like the number arose, "
+    "there were mathematical concepts to serve the purposes of civilization."
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    f = real_gguf("smollm2-135m")
+    return f, Transformer(f), ReferenceModel(f), Tokenizer.from_metadata(f.metadata)
+
+
+def _prompt(tok, n):
+    ids = tok.encode(TEXT)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def test_smollm2_logits_match_oracle_over_64_tokens(smollm2):
+    f, model, ref, tok = smollm2
+    ids = _prompt(tok, 64)
+    fast = model.forward(ids, model.new_cache(128), all_logits=True)  # [64, vocab]
+    oracle = ref.logits(ids)
+    assert fast.shape == oracle.shape == (64, model.config.vocab_size)
+    np.testing.assert_array_equal(fast.argmax(-1), oracle.argmax(-1))
+    scale = np.abs(oracle).max()
+    assert np.abs(fast - oracle).max() < 1e-4 * scale
+
+
+def test_smollm2_incremental_decode_matches_batch(smollm2):
+    f, model, ref, tok = smollm2
+    ids = _prompt(tok, 40)
+    batch = model.forward(ids, model.new_cache(64), all_logits=True)
+    cache = model.new_cache(64)
+    model.forward(ids[:33], cache)
+    for i in range(33, 40):
+        step = model.forward(ids[i:i + 1], cache)
+        assert np.abs(step - batch[i]).max() < 1e-4 * np.abs(batch[i]).max()
+
+
+def test_smollm2_greedy_32_tokens_equal_oracle(smollm2):
+    f, model, ref, tok = smollm2
+    prompt = _prompt(tok, 24)
+    engine = Engine(model, tok, n_ctx=128, n_batch=16)
+    fast = list(engine.generate_ids(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)))
+    seq = list(prompt)
+    for _ in range(32):
+        seq.append(int(ref.logits(seq)[-1].argmax()))
+    assert fast == seq[len(prompt):]
+
+
+def test_qwen2_real_weights_match_oracle():
+    """Qwen2.5-Coder-0.5B: qwen2 biases, NEOX rope, Q5_0 / Q8_0 / Q4_K / Q6_K tensors."""
+    f = real_gguf("qwen2.5-coder-0.5b")
+    model = Transformer(f)
+    tok = Tokenizer.from_metadata(f.metadata)
+    ids = tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n")[:24]
+    fast = model.forward(ids, model.new_cache(32), all_logits=True)
+    oracle = ReferenceModel(f).logits(ids)
+    np.testing.assert_array_equal(fast.argmax(-1), oracle.argmax(-1))
+    assert np.abs(fast - oracle).max() < 1e-4 * np.abs(oracle).max()
+
+
+def test_llm_api_on_default_model():
+    from llcinfer import LLM
+
+    llm = LLM("smollm2-135m", threads=2, n_ctx=512)
+    assert str(llm.model_path) == real_model_path("smollm2-135m")
+    a = llm.generate("The capital of France is", max_tokens=12, temperature=0)
+    b = "".join(llm.stream("The capital of France is", max_tokens=12, temperature=0))
+    assert a == b and len(a) > 0
+    assert llm.last_stats.n_prompt_evaluated == 1  # the prompt came from the cache
+    s1 = llm.generate("Once upon a time", max_tokens=16, temperature=0.9, seed=42)
+    s2 = llm.generate("Once upon a time", max_tokens=16, temperature=0.9, seed=42)
+    assert s1 == s2
+    reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=40, temperature=0)
+    assert "Paris" in reply
+    assert llm.last_stats.stop_reason in ("eos", "length")
+    ids = llm.tokenize("<|im_start|>user", special=True)
+    assert ids[0] == llm.tokenizer.encode("<|im_start|>", special=True)[0] and llm.detokenize(ids) == "user"
+    logits = llm.logits(llm.tokenize("Hello"))
+    assert logits.dtype == np.float32 and logits.shape == (llm.config.vocab_size,)
+    stopped = llm.generate("1, 2, 3, 4,", max_tokens=30, temperature=0, stop=[" 7"])
+    assert " 7" not in stopped and llm.last_stats.stop_reason == "stop"

@@ -37,16 +37,22 @@ class LLM:
         n_ctx: context length in tokens (default: the model's training context).
         n_batch: prompt tokens per forward pass.
         progress: show a progress bar when a catalog model is downloaded.
+        numerics: ``"llama.cpp"`` (default) rounds matmul inputs to 8-bit blocks and the KV
+            cache to f16 exactly as llama.cpp does, so greedy output matches it except at
+            near-ties; ``"f32"`` keeps activations in float32 (the NumPy oracle's exact mode).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
-                 n_ctx: int | None = None, n_batch: int = 32, progress: bool = True):
+                 n_ctx: int | None = None, n_batch: int = 32, progress: bool = True,
+                 numerics: str = "llama.cpp"):
+        if numerics not in ("llama.cpp", "f32"):
+            raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
         self.threads = set_threads(threads)
         self.model_path = catalog.resolve_model(model, progress=progress)
         self.gguf = GGUFFile(self.model_path)
-        self.model = Transformer(self.gguf)
+        self.model = Transformer(self.gguf, llama_rounding=numerics == "llama.cpp")
         self.config = self.model.config
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         self.chat_template = ChatTemplate.from_metadata(self.gguf.metadata, self.tokenizer)

@@ -12,8 +12,9 @@ from .errors import ContextLengthError, OutOfMemoryError
 
 
 class KVCache:
-    def __init__(self, n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int):
+    def __init__(self, n_layer: int, n_ctx: int, n_kv_head: int, head_dim: int, f16_values: bool = True):
         self.n_ctx = int(n_ctx)
+        self.f16_values = f16_values  # store values rounded to f16, as llama.cpp's f16 cache holds them
         try:
             self.k = np.zeros((n_layer, n_ctx, n_kv_head, head_dim), np.float32)  # [layer, token, kv_head, head_dim]
             self.v = np.zeros((n_layer, n_ctx, n_kv_head, head_dim), np.float32)  # [layer, token, kv_head, head_dim]
@@ -30,6 +31,8 @@ class KVCache:
 
     def store(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v  # [M, n_kv_head, head_dim] for positions pos0 .. pos0+M-1"""
+        if self.f16_values:
+            k, v = k.astype(np.float16), v.astype(np.float16)
         self.k[layer, pos0:pos0 + k.shape[0]] = k
         self.v[layer, pos0:pos0 + v.shape[0]] = v
 

@@ -33,7 +33,7 @@ class Transformer:
     """Weights bound to kernels plus the forward pass.  One instance serves many sequences;
     each sequence brings its own ``KVCache``."""
 
-    def __init__(self, gguf: GGUFFile):
+    def __init__(self, gguf: GGUFFile, llama_rounding: bool = True):
         arch_name = gguf.require("general.architecture")
         arch = get_architecture(arch_name)
         self.gguf = gguf
@@ -41,10 +41,13 @@ class Transformer:
         self.weights: ModelWeights = arch.load_weights(gguf, self.config)
         self.inv_freq = rope_inv_freq(self.config, self.weights.rope_freq_factors)  # [rope_dim/2]
         self.scale = np.float32(1.0 / np.sqrt(self.config.head_dim))
+        # Round matmul inputs to 8-bit blocks and K/V/Q to f16 as llama.cpp does (greedy
+        # output then agrees with it except at near-ties); False keeps exact float32.
+        self.llama_rounding = bool(llama_rounding)
 
     def new_cache(self, n_ctx: int) -> KVCache:
         c = self.config
-        return KVCache(c.n_layer, n_ctx, c.n_kv_head, c.head_dim)
+        return KVCache(c.n_layer, n_ctx, c.n_kv_head, c.head_dim, f16_values=self.llama_rounding)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` at positions cache.n_tokens ...; append their K/V to the cache.
@@ -64,9 +67,10 @@ class Transformer:
         x = w.token_embd.get_rows(ids)  # [M, d_model] residual stream
         h = np.empty_like(x)  # [M, d_model] normed input of a block
         attn = np.empty((M, c.n_head, c.head_dim), np.float32)  # [M, H, D]
+        rnd = self.llama_rounding
         for li, lw in enumerate(w.layers):
             K.rms_norm(x, lw.attn_norm, c.rms_eps, h)
-            q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv])  # [M, H*D], [M, KVH*D], [M, KVH*D]
+            q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv], rnd)  # [M, H*D], [M, KVH*D], [M, KVH*D]
             if lw.bq is not None:
                 q += lw.bq
                 k += lw.bk
@@ -76,16 +80,18 @@ class Transformer:
             K.rope_inplace(q3, positions, self.inv_freq, c.rope_neox)
             K.rope_inplace(k3, positions, self.inv_freq, c.rope_neox)
             cache.store(li, pos0, k3, v.reshape(M, c.n_kv_head, c.head_dim))
+            if rnd:  # llama.cpp multiplies Q by its f16 K cache in f16
+                q3[...] = q3.astype(np.float16)
             K.attention(q3, cache.k[li], cache.v[li], pos0, self.scale, attn)
-            x += lw.wo(attn.reshape(M, -1))
+            x += lw.wo(attn.reshape(M, -1), llama_rounding=rnd)
             K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)
-            gate, up = K.linear_many(h, [lw.w_gate, lw.w_up])  # [M, d_ff] each
+            gate, up = K.linear_many(h, [lw.w_gate, lw.w_up], rnd)  # [M, d_ff] each
             K.swiglu(gate, up, gate)
-            x += lw.w_down(gate)
+            x += lw.w_down(gate, llama_rounding=rnd)
         cache.n_tokens = pos0 + M
         rows = x if all_logits else x[-1:]
         K.rms_norm(rows, w.output_norm, c.rms_eps, rows)
-        logits = w.output(np.ascontiguousarray(rows))  # [M or 1, vocab]
+        logits = w.output(np.ascontiguousarray(rows), llama_rounding=rnd)  # [M or 1, vocab]
         return logits if all_logits else logits[0]
 
     def check_fits(self, n_tokens: int, n_ctx: int) -> None:

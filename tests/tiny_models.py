@@ -11,6 +11,7 @@ Not a test module: ``test_kernels``, ``test_forward_tiny`` and ``test_gguf_error
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -70,11 +71,15 @@ def random_weight(rng: np.random.Generator, qtype: str, rows: int, cols: int, am
     """A [rows, cols] weight in the storage form GGUFWriter.add_tensor takes for ``qtype``:
 
     F32 -> float32 [rows, cols]; F16 -> float16 [rows, cols]; BF16 -> uint8 [rows, 2 cols]
-    (little-endian bf16); quantized -> uint8 [rows, row_bytes] (see random_quant_bytes).
+    (little-endian bf16); quantized -> uint8 [rows, row_bytes] (see random_quant_bytes;
+    zero blocks for types llcinfer does not support, e.g. Q5_1 or Q2_K).
     Pass ``raw_dtype=QT[qtype]`` for BF16 and the quantized types.
     """
     if qtype in QUANT_TYPES:
         return random_quant_bytes(rng, qtype, rows, cols, amp)
+    if qtype not in ALL_TYPES and qtype in QT.__members__:  # a type llcinfer refuses: zero blocks
+        block, type_size = GGML_QUANT_SIZES[QT[qtype]]
+        return np.zeros((rows, cols // block * type_size), np.uint8)
     w = rng.standard_normal((rows, cols)) * amp
     if qtype == "F32":
         return w.astype(np.float32)
@@ -107,6 +112,26 @@ def fake_tensor(rng: np.random.Generator, qtype: str, rows: int, cols: int, amp:
     w = np.ascontiguousarray(random_weight(rng, qtype, rows, cols, amp))
     w.setflags(write=False)  # the memory map is read-only: same numba signature as real files
     return FakeTensor(name or f"w_{qtype}_{rows}x{cols}", QT[qtype], (rows, cols), w)
+
+
+@contextlib.contextmanager
+def isolated_runtime(home):
+    """Point LLCINFER_HOME at ``home`` (GGUFFile caches parsed headers there: throw-away test
+    files must not pile up in the user's cache) and restore numba's thread count afterwards
+    (``LLM(threads=1)`` changes it for the whole process)."""
+    import numba
+
+    threads = numba.get_num_threads()
+    old = os.environ.get("LLCINFER_HOME")
+    os.environ["LLCINFER_HOME"] = os.fspath(home)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LLCINFER_HOME", None)
+        else:
+            os.environ["LLCINFER_HOME"] = old
+        numba.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------- tokenizer
@@ -178,8 +203,8 @@ def write_tiny_model(path, arch: str = "llama", qtype: str = "Q8_0", n_layer: in
     maps names to (array, raw_dtype or None).  ``rope_freqs`` adds a llama3-style
     rope_freqs.weight [head_dim/2].  Returns ``path``.
     """
-    kq = qtype in K_QUANTS or (embd_qtype in K_QUANTS) or any(
-        t in K_QUANTS for t in (tensor_type_override or {}).values())
+    kq = any(GGML_QUANT_SIZES[QT[t]][0] > 32
+             for t in (qtype, embd_qtype or qtype, *(tensor_type_override or {}).values()))
     d_model = d_model or (256 if kq else 64)
     d_ff = d_ff or (512 if kq else 96)
     head_dim = d_model // n_head
@@ -229,7 +254,7 @@ def write_tiny_model(path, arch: str = "llama", qtype: str = "Q8_0", n_layer: in
             return
         t = override.get(name, default_type)
         arr = random_weight(rng, t, rows, cols, scale)
-        w.add_tensor(name, arr, raw_dtype=QT[t] if t not in ("F32", "F16") else None)
+        w.add_tensor(name, arr, raw_dtype=None if t in ("F32", "F16") else QT[t])
 
     def add_vector(name, values):
         if name in skip:

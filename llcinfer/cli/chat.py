@@ -19,7 +19,7 @@ HELP = "commands: /reset (clear history), /exit (quit); Ctrl-C stops a reply, Ct
 @model_options
 @sampling_options
 @click.option("--system", default=None, help="System message that opens the conversation.")
-def chat(model, threads, n_ctx, system, **kw):
+def chat(model, threads, n_ctx, numerics, system, **kw):
     """Chat with a model in the terminal."""
     sampling = sampling_kwargs(kw)
     SamplingParams(**sampling).validate()
@@ -27,7 +27,7 @@ def chat(model, threads, n_ctx, system, **kw):
         sampling["max_tokens"] = 512  # replies, not snippets
     from ..api import LLM
 
-    llm = LLM(model, threads=threads, n_ctx=n_ctx)
+    llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics)
     llm.apply_chat_template([{"role": "user", "content": "x"}])  # no template: fail now
     base = [{"role": "system", "content": system}] if system else []
     history = list(base)

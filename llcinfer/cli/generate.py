@@ -18,7 +18,7 @@ from .options import model_options, sampling_kwargs, sampling_options
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--verbose", "-v", is_flag=True, help="Print prompt and generation speed on stderr.")
 @click.argument("prompt")
-def generate(prompt, model, threads, n_ctx, use_chat, system, verbose, **kw):
+def generate(prompt, model, threads, n_ctx, numerics, use_chat, system, verbose, **kw):
     """Complete PROMPT (use - to read it from stdin) and stream the text to stdout."""
     params = SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
     if prompt == "-":
@@ -27,7 +27,7 @@ def generate(prompt, model, threads, n_ctx, use_chat, system, verbose, **kw):
         raise UsageError("empty prompt")
     from ..api import LLM
 
-    llm = LLM(model, threads=threads, n_ctx=n_ctx)
+    llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics)
     if use_chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         pieces = llm.chat(messages, stream=True, **sampling_kwargs(kw))

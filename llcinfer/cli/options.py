@@ -10,6 +10,9 @@ _D = SamplingParams()
 
 
 def model_options(f):
+    f = click.option("--numerics", type=click.Choice(["llama.cpp", "f32"]), default="llama.cpp",
+                     show_default=True,
+                     help="Round activations and KV as llama.cpp does, or keep float32.")(f)
     f = click.option("--n-ctx", "-c", "n_ctx", type=int, default=None,
                      help="Context length in tokens (default: the model's).")(f)
     f = click.option("--threads", "-t", type=int, default=None,

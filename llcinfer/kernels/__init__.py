@@ -12,6 +12,7 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGMLQuantizationType as QT
 
 from ..errors import ModelFileError
+from .act_quant import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K, quantize_activations
 from .activation import swiglu
 from .attention import attention
 from .float_matmul import f32_matmul, half_get_rows, half_matmul
@@ -20,6 +21,10 @@ from .norm import rms_norm
 from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
 from .rope import rope_inplace
 from .tables import BF16_TO_F32, F16_TO_F32
+
+# what llama.cpp quantizes the input to for each weight type (its vec_dot_type)
+ACT_KIND = {QT.Q4_0: ACT_Q8_0, QT.Q4_1: ACT_Q8_0, QT.Q5_0: ACT_Q8_0, QT.Q8_0: ACT_Q8_0,
+            QT.Q4_K: ACT_Q8_K, QT.Q6_K: ACT_Q8_K, QT.F16: ACT_F16, QT.BF16: ACT_BF16, QT.F32: ACT_F32}
 
 __all__ = [
     "Linear", "linear_many", "rms_norm", "rope_inplace", "attention", "swiglu", "set_threads", "default_threads",
@@ -44,6 +49,7 @@ class Linear:
                 f"tensor {info.name}: shape {(self.rows, self.cols)} does not match the model's {tuple(expect_shape)}"
             )
         self.info = info
+        self.act_kind = ACT_KIND[self.qtype] if self.qtype in ACT_KIND else ACT_F32
         code = int(self.qtype)
         if code in QUANT_BLOCK:
             block, type_size = QUANT_BLOCK[code]
@@ -65,11 +71,16 @@ class Linear:
     def nbytes(self) -> int:
         return int(self.info.n_bytes)
 
-    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """x  # [M, K] f32 contiguous  ->  out  # [M, N] f32"""
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None, llama_rounding: bool = False) -> np.ndarray:
+        """x  # [M, K] f32 contiguous  ->  out  # [M, N] f32
+
+        ``llama_rounding``: first round x as llama.cpp does for this weight type.
+        """
         if x.ndim != 2 or x.shape[1] != self.cols or x.dtype != np.float32:
             raise ValueError(f"{self.name}: activation shape {x.shape} {x.dtype}, expected [M, {self.cols}] float32")
         x = np.ascontiguousarray(x)
+        if llama_rounding:
+            x = quantize_activations(x, self.act_kind)
         if out is None:
             out = np.empty((x.shape[0], self.rows), np.float32)
         if self._kind == "quant":
@@ -102,26 +113,37 @@ _NO_ROWS = np.zeros((0, 1), np.uint8)  # [0, 1] stand-in for an absent third wei
 _NO_ROWS.setflags(write=False)
 
 
-def linear_many(x: np.ndarray, linears: list[Linear]) -> list[np.ndarray]:
-    """[x @ W.T for W in linears] with one pool launch when all are quantized (2 or 3)."""
+def linear_many(x: np.ndarray, linears: list[Linear], llama_rounding: bool = False) -> list[np.ndarray]:
+    """[x @ W.T for W in linears] with one pool launch when all are quantized (2 or 3).
+
+    ``llama_rounding`` as in ``Linear.__call__`` (rounded once per activation kind).
+    """
     if 2 <= len(linears) <= 3 and all(lin._kind == "quant" for lin in linears):
         x = np.ascontiguousarray(x)
         M = x.shape[0]
         for lin in linears:
             if x.ndim != 2 or x.shape[1] != lin.cols or x.dtype != np.float32:
                 raise ValueError(f"{lin.name}: activation shape {x.shape}, expected [M, {lin.cols}] float32")
+        rounded: dict[int, np.ndarray] = {}
+        xs = []
+        for lin in linears:
+            if llama_rounding and lin.act_kind not in rounded:
+                rounded[lin.act_kind] = quantize_activations(x, lin.act_kind)
+            xs.append(rounded[lin.act_kind] if llama_rounding else x)
         outs = [np.empty((M, lin.rows), np.float32) for lin in linears]
         ws = [lin._w for lin in linears]
         qs = [int(lin.qtype) for lin in linears]
         if len(linears) == 2:
+            xs.append(xs[0])
             ws.append(_NO_ROWS)
             qs.append(0)
             y2 = np.empty((M, 0), np.float32)
         else:
             y2 = outs[2]
-        quant_matmul3(x, ws[0], qs[0], outs[0], ws[1], qs[1], outs[1], ws[2], qs[2], y2, F16_TO_F32)
+        quant_matmul3(xs[0], ws[0], qs[0], outs[0], xs[1], ws[1], qs[1], outs[1],
+                      xs[2], ws[2], qs[2], y2, F16_TO_F32)
         return outs
-    return [lin(x) for lin in linears]
+    return [lin(x, llama_rounding=llama_rounding) for lin in linears]
 
 
 def dequantize_tensor(info) -> np.ndarray:

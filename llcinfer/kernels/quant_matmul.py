@@ -194,11 +194,12 @@ def _rows_into(x, w, qtype, lut, y, n, lanes):
 
 
 @parallel_kernel
-def quant_matmul3(x, w0, q0, y0, w1, q1, y1, w2, q2, y2, lut):
-    """Up to three products sharing one input, in one pool launch:
-    y_i = x @ dequant(w_i).T  (q/k/v projections; gate and up with an empty third).
+def quant_matmul3(x0, w0, q0, y0, x1, w1, q1, y1, x2, w2, q2, y2, lut):
+    """Up to three products of one layer input, in one pool launch:
+    y_i = x_i @ dequant(w_i).T  (q/k/v projections; gate and up with an empty third).
+    The x_i are the same activations, possibly rounded differently per weight type.
 
-    x  # [M, K] f32;  w_i  # [N_i, row_bytes_i] uint8;  y_i  # [M, N_i] f32
+    x_i  # [M, K] f32;  w_i  # [N_i, row_bytes_i] uint8;  y_i  # [M, N_i] f32
     """
     N0, N1, N2 = w0.shape[0], w1.shape[0], w2.shape[0]
     N = N0 + N1 + N2
@@ -208,8 +209,8 @@ def quant_matmul3(x, w0, q0, y0, w1, q1, y1, w2, q2, y2, lut):
         lanes = np.empty(128, np.float32)  # [128] partial sums, one per vector lane
         for r in range(c * rows_per_chunk, min(N, (c + 1) * rows_per_chunk)):
             if r < N0:
-                _rows_into(x, w0, q0, lut, y0, r, lanes)
+                _rows_into(x0, w0, q0, lut, y0, r, lanes)
             elif r < N0 + N1:
-                _rows_into(x, w1, q1, lut, y1, r - N0, lanes)
+                _rows_into(x1, w1, q1, lut, y1, r - N0, lanes)
             else:
-                _rows_into(x, w2, q2, lut, y2, r - N0 - N1, lanes)
+                _rows_into(x2, w2, q2, lut, y2, r - N0 - N1, lanes)

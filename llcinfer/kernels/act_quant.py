@@ -1,0 +1,106 @@
+"""Activation quantization as llama.cpp applies it before a quantized matmul.
+
+llama.cpp multiplies a quantized weight row by activations quantized to its partner
+("vec_dot") type: Q8_0/Q8_1 for the 32-value block types, Q8_K for the K-quants.  Doing
+the same rounding here (and multiplying in float) reproduces its numerics, so greedy
+output agrees with llama.cpp token for token except at genuine near-ties.
+
+    Q8_0 / Q8_1, per block of 32:  d = max|x| / 127,  q = round(x / d),  x' = q * f16(d)
+    Q8_K,        per block of 256: m = x[argmax|x|], s = -127 / m,
+                                   q = min(127, round_half_even(s x)),  x' = q / s
+"""
+
+import numpy as np
+
+from .jit import kernel
+from .tables import F16_TO_F32
+
+# activation kinds (what a weight type pairs with)
+ACT_F32, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+
+
+@kernel
+def _half_bits(bits):
+    """IEEE half bit pattern of the float32 with bit pattern ``bits``, rounded to nearest
+    even (what GGML_FP32_TO_FP16 / F16C vcvtps2ph do)."""
+    sign = (bits >> 16) & 0x8000
+    exp = np.int32((bits >> 23) & 0xFF) - 127 + 15
+    mant = bits & 0x7FFFFF
+    if exp >= 31:
+        return np.uint16(sign | 0x7C00)
+    if exp <= 0:
+        if exp < -10:
+            return np.uint16(sign)
+        mant = mant | 0x800000
+        shift = np.uint32(14 - exp)
+        half = mant >> shift
+        rem = mant & ((np.uint32(1) << shift) - 1)
+        halfway = np.uint32(1) << (shift - 1)
+        if rem > halfway or (rem == halfway and (half & 1)):
+            half += 1
+        return np.uint16(sign | half)
+    half = np.uint32(sign) | (np.uint32(exp) << 10) | (mant >> 13)
+    rem = mant & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (half & 1)):
+        half += 1
+    return np.uint16(half)
+
+
+@kernel
+def quantize_q8_0(x, lut, y):
+    """x, y  # [M, K] f32, K % 32 == 0;  y = Q8_0-rounded x (y may alias x)"""
+    M, K = x.shape
+    scratch = np.empty(1, np.float32)  # [1] to reinterpret d's bits
+    scratch_bits = scratch.view(np.uint32)
+    for m in range(M):
+        for b in range(K // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[m, 32 * b + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            scratch[0] = d
+            d16 = lut[_half_bits(scratch_bits[0])]
+            for j in range(32):
+                y[m, 32 * b + j] = np.float32(np.round(x[m, 32 * b + j] * inv)) * d16
+
+
+@kernel
+def quantize_q8_k(x, y):
+    """x, y  # [M, K] f32, K % 256 == 0;  y = Q8_K-rounded x (y may alias x)"""
+    M, K = x.shape
+    for m in range(M):
+        for b in range(K // 256):
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(256):
+                a = abs(x[m, 256 * b + j])
+                if a > amax:
+                    amax = a
+                    vmax = x[m, 256 * b + j]
+            if amax == 0:
+                for j in range(256):
+                    y[m, 256 * b + j] = 0.0
+                continue
+            iscale = np.float32(-127.0) / vmax
+            d = np.float32(1.0) / iscale
+            for j in range(256):
+                q = min(np.float32(127.0), np.float32(np.rint(iscale * x[m, 256 * b + j])))
+                y[m, 256 * b + j] = q * d
+
+
+def quantize_activations(x: np.ndarray, kind: int) -> np.ndarray:
+    """A copy of x  # [M, K] f32 rounded the way llama.cpp feeds it to a weight of ``kind``."""
+    if kind == ACT_F32:
+        return x
+    y = np.empty_like(x)
+    if kind == ACT_Q8_0:
+        quantize_q8_0(x, F16_TO_F32, y)
+    elif kind == ACT_Q8_K:
+        quantize_q8_k(x, y)
+    elif kind == ACT_F16:
+        y[...] = x.astype(np.float16)
+    else:  # BF16: round to nearest even on the top 16 bits
+        bits = x.view(np.uint32)
+        y.view(np.uint32)[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000)
+    return y

@@ -1,0 +1,308 @@
+"""Bad model files and bad arguments: GGUFFile, LLM and the command line.
+
+Each case asserts the exception type from ``llcinfer.errors`` and that the message names
+the problem; for the CLI, the exit code (1 runtime, 2 usage), exactly one ``error:`` line
+on stderr and no traceback.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from gguf.constants import GGMLQuantizationType as QT
+
+from llcinfer.catalog import DEFAULT_MODEL
+from llcinfer.errors import ContextLengthError, ModelFileError, UnsupportedModelError, UsageError
+from llcinfer.gguf_file import GGUFFile
+from llcinfer.model import Transformer
+
+from tiny_models import isolated_runtime, random_weight, write_tiny_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime(tmp_path_factory):
+    with isolated_runtime(tmp_path_factory.mktemp("llcinfer_home")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Named bad (and one good) model files, written once."""
+    root = tmp_path_factory.mktemp("bad_gguf")
+    good = write_tiny_model(root / "good.gguf", "llama", "Q8_0")
+    data = good.read_bytes()
+    paths = {"good": good, "root": root}
+
+    (root / "dir.gguf").mkdir()
+    paths["dir"] = root / "dir.gguf"
+    paths["missing"] = root / "missing.gguf"
+    (root / "empty.gguf").write_bytes(b"")
+    paths["empty"] = root / "empty.gguf"
+    (root / "random.gguf").write_bytes(np.random.default_rng(0).integers(0, 256, 5000, np.uint8).tobytes())
+    paths["random"] = root / "random.gguf"
+    (root / "text.gguf").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
+    paths["lfs_pointer"] = root / "text.gguf"
+
+    # truncations at every part of the file
+    reader = GGUFReader(good)
+    fields = list(reader.fields.values())
+    tensors = reader.tensors
+    last_end = max(int(t.data_offset) + int(t.n_bytes) for t in tensors)
+    assert last_end == len(data)  # the last tensor ends the file: cutting 1 byte must be detected
+    cuts = {
+        "magic_only": 4,
+        "in_header": 13,
+        "header_only": 24,
+        "in_first_kv": 30,
+        "in_vocab": fields[-1].offset // 2,
+        "in_last_kv": fields[-1].offset + 10,
+        "at_tensor_info": tensors[0].field.offset,
+        "in_tensor_info": tensors[len(tensors) // 2].field.offset + 5,
+        "at_tensor_data": int(tensors[0].data_offset),
+        "in_first_tensor": int(tensors[0].data_offset) + 100,
+        "half": len(data) // 2,
+        "last_byte": len(data) - 1,
+    }
+    for name, n in cuts.items():
+        p = root / f"trunc_{name}.gguf"
+        p.write_bytes(data[:n])
+        paths["trunc_" + name] = p
+
+    # corrupt fields
+    def patched(name, offset, raw):
+        buf = bytearray(data)
+        buf[offset:offset + len(raw)] = raw
+        p = root / f"corrupt_{name}.gguf"
+        p.write_bytes(bytes(buf))
+        paths["corrupt_" + name] = p
+
+    t = tensors[3]
+    type_off = t.field.offset + 8 + len(t.name.encode()) + 4 + 8 * len(t.shape)
+    patched("key_length", 24, b"\xff" * 8)
+    patched("tensor_count", 8, struct.pack("<Q", 2**40))
+    patched("kv_count", 16, struct.pack("<Q", 2**40))
+    patched("version", 4, struct.pack("<I", 99))
+    patched("tensor_type", type_off, struct.pack("<I", 1000))
+    patched("tensor_offset", type_off + 4, struct.pack("<Q", 2**40))
+
+    # valid files that llcinfer must refuse
+    paths["mamba"] = write_tiny_model(root / "mamba.gguf", "llama", "Q8_0",
+                                      extra_metadata={"general.architecture": "mamba"})
+    paths["q5_1"] = write_tiny_model(root / "q5_1.gguf", "llama", "Q8_0",
+                                     tensor_type_override={"blk.1.ffn_up.weight": "Q5_1"})
+    paths["q2_k_embd"] = write_tiny_model(root / "q2k.gguf", "qwen2", "Q4_K", embd_qtype="Q2_K")
+    rng = np.random.default_rng(1)
+    paths["bad_q_rows"] = write_tiny_model(  # d_model 64, 4 heads: attn_q must be [64, 64]
+        root / "bad_q.gguf", "llama", "Q8_0", skip_tensors=["blk.0.attn_q.weight"],
+        extra_tensors={"blk.0.attn_q.weight": (random_weight(rng, "Q8_0", 96, 64, 0.1), QT.Q8_0)})
+    paths["bad_norm"] = write_tiny_model(
+        root / "bad_norm.gguf", "llama", "Q8_0", skip_tensors=["blk.1.ffn_norm.weight"],
+        extra_tensors={"blk.1.ffn_norm.weight": (np.ones(65, np.float32), None)})
+    paths["missing_tensor"] = write_tiny_model(root / "no_down.gguf", "llama", "Q8_0",
+                                               skip_tensors=["blk.1.ffn_down.weight"])
+    paths["missing_bias"] = write_tiny_model(root / "no_bias.gguf", "qwen2", "Q8_0",
+                                             skip_tensors=["blk.0.attn_k.bias"])
+    paths["missing_key"] = write_tiny_model(root / "no_key.gguf", "llama", "Q8_0",
+                                            extra_metadata={"llama.embedding_length": None})
+    paths["bad_heads"] = write_tiny_model(root / "bad_heads.gguf", "llama", "Q8_0", n_head=4, n_kv_head=3)
+    # 272 tokens in the vocabulary, 200 embedding rows: prompt ids can fall outside the model
+    paths["small_embd"] = write_tiny_model(root / "small_embd.gguf", "llama", "Q8_0", vocab=200)
+    return paths
+
+
+# ---------------------------------------------------------------------------- GGUFFile
+@pytest.mark.parametrize("name,fragment", [
+    ("missing", "not found"),
+    ("dir", "directory"),
+    ("empty", "not a GGUF"),
+    ("random", "not a GGUF"),
+    ("lfs_pointer", "not a GGUF"),
+])
+def test_not_a_gguf_file(files, name, fragment):
+    with pytest.raises(ModelFileError, match=fragment) as exc:
+        GGUFFile(files[name])
+    assert str(files[name]) in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("cut", [
+    "magic_only", "in_header", "header_only", "in_first_kv", "in_vocab", "in_last_kv", "at_tensor_info",
+    "in_tensor_info", "at_tensor_data", "in_first_tensor", "half", "last_byte",
+])
+def test_truncated_file(files, cut):
+    with pytest.raises(ModelFileError, match="truncated or corrupt") as exc:
+        GGUFFile(files["trunc_" + cut])
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
+
+
+@pytest.mark.parametrize("field", ["key_length", "tensor_count", "kv_count", "version", "tensor_type",
+                                   "tensor_offset"])
+def test_corrupt_header_fields(files, field):
+    with pytest.raises(ModelFileError, match="truncated or corrupt"):
+        GGUFFile(files["corrupt_" + field])
+
+
+def test_good_file_loads(files):
+    f = GGUFFile(files["good"])
+    assert f.require("general.architecture") == "llama"
+    assert f.tensor("blk.0.attn_q.weight").shape == (64, 64)
+    assert f.tensor("output.weight", required=False) is None
+    with pytest.raises(ModelFileError, match="tensor missing from GGUF: nope"):
+        f.tensor("nope")
+    with pytest.raises(ModelFileError, match="metadata key missing: nope"):
+        f.require("nope")
+
+
+# ---------------------------------------------------------------------------- Transformer / LLM
+def _load(kind, path):
+    if kind == "transformer":
+        return Transformer(GGUFFile(path))
+    from llcinfer import LLM
+
+    return LLM(str(path), threads=1)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "llm"])
+@pytest.mark.parametrize("name,exc_type,fragments", [
+    ("mamba", UnsupportedModelError, ["mamba", "llama", "qwen2"]),
+    ("q5_1", UnsupportedModelError, ["Q5_1", "blk.1.ffn_up.weight"]),
+    ("q2_k_embd", UnsupportedModelError, ["Q2_K", "token_embd.weight"]),
+    ("bad_q_rows", ModelFileError, ["blk.0.attn_q.weight", "(96, 64)", "(64, 64)"]),
+    ("bad_norm", ModelFileError, ["blk.1.ffn_norm.weight", "65"]),
+    ("missing_tensor", ModelFileError, ["blk.1.ffn_down.weight", "missing"]),
+    ("missing_bias", ModelFileError, ["blk.0.attn_k.bias"]),
+    ("missing_key", ModelFileError, ["llama.embedding_length"]),
+    ("bad_heads", ModelFileError, ["head_count"]),
+])
+def test_refused_models(files, kind, name, exc_type, fragments):
+    with pytest.raises(exc_type) as exc:
+        _load(kind, files[name])
+    msg = str(exc.value)
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg!r}"
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("name,fragment", [
+    ("missing", "not found"), ("dir", "not a file"), ("random", "not a GGUF"), ("trunc_half", "truncated"),
+])
+def test_llm_bad_paths(files, name, fragment):
+    from llcinfer import LLM
+
+    with pytest.raises(ModelFileError, match=fragment):
+        LLM(str(files[name]), threads=1)
+    with pytest.raises(ModelFileError, match=fragment):
+        LLM(files[name], threads=1)  # a PathLike too
+
+
+VOCAB_BUG = ("bug: a GGUF whose tokenizer has more tokens (272) than token_embd has rows (200) loads; "
+             "the first prompt token >= 200 then makes Transformer.forward raise a plain ValueError "
+             "(a traceback from the CLI). llama.cpp refuses such files at load time")
+
+
+@pytest.mark.xfail(strict=True, reason=VOCAB_BUG)
+def test_vocab_larger_than_embedding_is_refused(files):
+    from llcinfer import LLM
+
+    with pytest.raises(ModelFileError) as exc:
+        LLM(str(files["small_embd"]), threads=1)
+    assert "200" in str(exc.value) and "272" in str(exc.value)
+
+
+@pytest.mark.xfail(strict=True, reason=VOCAB_BUG)
+def test_cli_vocab_larger_than_embedding(files):
+    proc = subprocess.run(
+        [sys.executable, "-c", "from llcinfer.cli import main; main()", "generate", "-m", str(files["small_embd"]),
+         "-n", "2", "hello the world"], capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr
+    assert_one_error_line(proc, 1, "200")
+
+
+def test_llm_bad_arguments(files):
+    from llcinfer import LLM
+
+    for threads in (0, -1, 1.5, "2"):
+        with pytest.raises(UsageError, match="threads"):
+            LLM(str(files["good"]), threads=threads)
+    for n_ctx in (0, -5):
+        with pytest.raises(UsageError, match="n_ctx"):
+            LLM(str(files["good"]), threads=1, n_ctx=n_ctx)
+    llm = LLM(str(files["good"]), threads=1, n_ctx=4)
+    with pytest.raises(ContextLengthError, match="context length 4"):
+        llm.generate("hello the world and more words", max_tokens=1)
+    with pytest.raises(UsageError, match="token ids"):
+        llm.logits([300])
+    with pytest.raises(UsageError):
+        llm.logits([])
+    with pytest.raises(UsageError, match="unknown sampling option"):
+        llm.generate("hi", temprature=0)
+    with pytest.raises(UsageError, match="top_p"):
+        llm.generate("hi", top_p=0)
+
+
+# ---------------------------------------------------------------------------- CLI
+def run_cli(*args, stdin=None):
+    proc = subprocess.run(
+        [sys.executable, "-c", "from llcinfer.cli import main; main()", *map(str, args)],
+        capture_output=True, text=True, timeout=300, input=stdin, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    return proc
+
+
+def assert_one_error_line(proc, rc, *fragments):
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == rc, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for frag in fragments:
+        assert frag in lines[0], f"{frag!r} not in {lines[0]!r}"
+
+
+@pytest.mark.parametrize("name,fragment", [
+    ("missing", "not found"), ("dir", "not a file"), ("random", "not a GGUF"), ("trunc_in_vocab", "truncated or corrupt"),
+    ("mamba", "mamba"), ("q5_1", "Q5_1"),
+])
+def test_cli_bad_model_file(files, name, fragment):
+    proc = run_cli("generate", "-m", files[name], "-n", "2", "hi")
+    assert_one_error_line(proc, 1, fragment)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--temp", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["-n", "-1"], "max_tokens"),
+    (["--min-p", "2"], "min_p"),
+    (["--temp", "abc"], "abc"),
+    (["--bogus-option"], "bogus"),
+])
+def test_cli_usage_errors(files, args, fragment):
+    proc = run_cli("generate", "-m", files["good"], *args, "hi")
+    assert_one_error_line(proc, 2, fragment)
+
+
+def test_cli_threads_zero(files):
+    assert_one_error_line(run_cli("generate", "-m", files["good"], "--threads", "0", "hi"), 2, "threads")
+
+
+def test_cli_unknown_catalog_name():
+    proc = run_cli("generate", "-m", "no-such-model-xyz", "hi")
+    assert_one_error_line(proc, 2, "no-such-model-xyz", DEFAULT_MODEL)
+
+
+def test_cli_prompt_over_context_length(files):
+    proc = run_cli("generate", "-m", files["good"], "-c", "4", "--temp", "0", "hello the world " * 8)
+    assert_one_error_line(proc, 1, "context length 4")
+
+
+def test_cli_generate_works_on_tiny_model(files):
+    """The error cases above are not an artefact of a CLI that always fails."""
+    proc = run_cli("generate", "-m", files["good"], "-n", "3", "--temp", "0", "--ignore-eos", "hello")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("\n")
+    assert "error" not in proc.stderr

@@ -17,7 +17,7 @@ import numpy as np
 from . import catalog
 from .chat_template import ChatTemplate
 from .engine import Engine, GenerationStats
-from .errors import ChatTemplateError, UsageError
+from .errors import ChatTemplateError, ModelFileError, UsageError
 from .gguf_file import GGUFFile
 from .kernels import set_threads
 from .model import Transformer
@@ -55,6 +55,11 @@ class LLM:
         self.model = Transformer(self.gguf, llama_rounding=numerics == "llama.cpp")
         self.config = self.model.config
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+        if self.tokenizer.vocab_size != self.config.vocab_size:
+            raise ModelFileError(
+                f"{self.model_path.name}: the vocabulary has {self.tokenizer.vocab_size} tokens but "
+                f"token_embd.weight has {self.config.vocab_size} rows"
+            )
         self.chat_template = ChatTemplate.from_metadata(self.gguf.metadata, self.tokenizer)
         if n_ctx is None:
             n_ctx = self.config.n_ctx_train

@@ -199,12 +199,6 @@ def test_llm_bad_paths(files, name, fragment):
         LLM(files[name], threads=1)  # a PathLike too
 
 
-VOCAB_BUG = ("bug: a GGUF whose tokenizer has more tokens (272) than token_embd has rows (200) loads; "
-             "the first prompt token >= 200 then makes Transformer.forward raise a plain ValueError "
-             "(a traceback from the CLI). llama.cpp refuses such files at load time")
-
-
-@pytest.mark.xfail(strict=True, reason=VOCAB_BUG)
 def test_vocab_larger_than_embedding_is_refused(files):
     from llcinfer import LLM
 
@@ -213,7 +207,6 @@ def test_vocab_larger_than_embedding_is_refused(files):
     assert "200" in str(exc.value) and "272" in str(exc.value)
 
 
-@pytest.mark.xfail(strict=True, reason=VOCAB_BUG)
 def test_cli_vocab_larger_than_embedding(files):
     proc = subprocess.run(
         [sys.executable, "-c", "from llcinfer.cli import main; main()", "generate", "-m", str(files["small_embd"]),

@@ -260,13 +260,9 @@ def write_tiny_model(path, arch: str = "llama", qtype: str = "Q8_0", n_layer: in
         if name in skip:
             return
         t = override.get(name, "F32")
-        arr = values.reshape(1, -1) if t in QUANT_TYPES else values
-        if t in QUANT_TYPES:
-            raise ValueError("quantized 1-D tensors are not generated")
-        if t == "F16":
-            w.add_tensor(name, values.astype(np.float16))
-        else:
-            w.add_tensor(name, np.asarray(arr, np.float32))
+        if t not in ("F32", "F16"):
+            raise ValueError(f"{name}: 1-D tensors are written as F32 or F16, not {t}")
+        w.add_tensor(name, np.asarray(values, np.float16 if t == "F16" else np.float32))
 
     dq, dkv = n_head * head_dim, n_kv_head * head_dim
     add("token_embd.weight", n_vocab, d_model, embd_qtype or qtype, scale=1.0)

@@ -83,6 +83,8 @@ class Linear:
             x = quantize_activations(x, self.act_kind)
         if out is None:
             out = np.empty((x.shape[0], self.rows), np.float32)
+        elif out.shape != (x.shape[0], self.rows) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"{self.name}: output buffer {out.shape} {out.dtype}, expected [{x.shape[0]}, {self.rows}] float32")
         if self._kind == "quant":
             quant_matmul(x, self._w, int(self.qtype), F16_TO_F32, out)
         elif self._kind == "f32":
@@ -93,8 +95,10 @@ class Linear:
 
     def get_rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows ids of W as float32 [T, K] (embedding lookup); ids checked against N."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            return np.empty((0, self.cols), np.float32)
+        if ids.min() < 0 or ids.max() >= self.rows:
             raise ValueError(f"{self.name}: token id out of range [0, {self.rows})")
         if self._kind == "half":
             out = np.empty((ids.size, self.cols), np.float32)

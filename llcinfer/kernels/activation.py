@@ -1,6 +1,9 @@
 """SwiGLU feed-forward activation.
 
     y = silu(gate) * up,   silu(g) = g / (1 + exp(-g))
+
+exp(-g) is clamped so a very negative gate gives 0 instead of inf/inf (fastmath assumes
+no infinities, and g / (1 + inf) came out NaN).
 """
 
 import numpy as np
@@ -15,4 +18,5 @@ def swiglu(gate, up, y):
     for m in range(M):
         for f in range(F):
             g = gate[m, f]
-            y[m, f] = g / (np.float32(1.0) + np.exp(-g)) * up[m, f]
+            e = np.exp(min(-g, np.float32(80.0)))
+            y[m, f] = g / (np.float32(1.0) + e) * up[m, f]

@@ -67,6 +67,7 @@ class LLM:
             raise UsageError(f"n_ctx must be a positive integer (got {n_ctx!r})")
         self.n_ctx = n_ctx
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch)
+        self.model.warm_up()
 
     # ------------------------------------------------------------------ text in, text out
     def generate(self, prompt: str, **sampling) -> str:

@@ -12,15 +12,19 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGMLQuantizationType as QT
 
 from ..errors import ModelFileError
-from .act_quant import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K, quantize_activations
+from .act_quant import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K, quantize_activations, quantize_activations_int
 from .activation import swiglu
 from .attention import attention
 from .float_matmul import f32_matmul, half_get_rows, half_matmul
+from .isa import current_isa
 from .jit import default_threads, set_threads
 from .norm import rms_norm
 from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
+from .repack import SUPPORTED as _REPACK_TYPES, repack
 from .rope import rope_inplace
+from .simd import lanes, make_tag
 from .tables import BF16_TO_F32, F16_TO_F32
+from .vnni_matmul import vnni_matmul, vnni_matmul3
 
 # what llama.cpp quantizes the input to for each weight type (its vec_dot_type)
 ACT_KIND = {QT.Q4_0: ACT_Q8_0, QT.Q4_1: ACT_Q8_0, QT.Q5_0: ACT_Q8_0, QT.Q8_0: ACT_Q8_0,
@@ -34,11 +38,16 @@ __all__ = [
 class Linear:
     """A weight matrix W [rows=N, cols=K] from a GGUF tensor; ``lin(x)`` is x @ W.T.
 
-    The raw bytes stay in the memory map (no copy); shapes were validated by GGUFFile, and
-    are checked again here against what the caller expects before a kernel sees them.
+    The raw bytes stay in the memory map; shapes were validated by GGUFFile, and are checked
+    again here against what the caller expects before a kernel sees them.
+
+    With ``llama_rounding`` a quantized matrix runs on the integer dot-product kernels
+    (vnni_matmul.py) of the ISA path chosen at construction (isa.py, ``LLCINFER_ISA``): its
+    weights are repacked into a row-interleaved copy on first use (``prepare()``).  Without
+    it, or on the 'generic' path, the float kernels read the memory map directly.
     """
 
-    def __init__(self, info, expect_shape: tuple[int, int] | None = None):
+    def __init__(self, info, expect_shape: tuple[int, int] | None = None, isa: str | None = None):
         if len(info.shape) != 2:
             raise ModelFileError(f"tensor {info.name}: expected a matrix, got shape {info.shape}")
         self.name = info.name
@@ -57,6 +66,9 @@ class Linear:
             if self._w.shape != (self.rows, self.cols // block * type_size) or not self._w.flags.c_contiguous:
                 raise ModelFileError(f"tensor {info.name}: unexpected data layout {self._w.shape}")
             self._kind = "quant"
+            self.isa = current_isa() if isa is None else isa
+            self._simd = self.isa != "generic" and code in _REPACK_TYPES
+            self._packed = None  # [groups, bytes] repacked weights, made by prepare()
         elif self.qtype == QT.F32:
             self._w = np.asarray(info.data, dtype=np.float32).reshape(self.rows, self.cols)
             self._kind = "f32"
@@ -71,6 +83,19 @@ class Linear:
     def nbytes(self) -> int:
         return int(self.info.n_bytes)
 
+    @property
+    def simd(self) -> bool:
+        """True when llama_rounding products run on the integer SIMD kernels."""
+        return self._kind == "quant" and self._simd
+
+    def prepare(self) -> np.ndarray | None:
+        """Repack the weights for the SIMD path (once); returns the packed array or None."""
+        if not self.simd:
+            return None
+        if self._packed is None:
+            self._packed = repack(self._w, int(self.qtype), self.cols, lanes(self.isa))
+        return self._packed
+
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None, llama_rounding: bool = False) -> np.ndarray:
         """x  # [M, K] f32 contiguous  ->  out  # [M, N] f32
 
@@ -79,12 +104,16 @@ class Linear:
         if x.ndim != 2 or x.shape[1] != self.cols or x.dtype != np.float32:
             raise ValueError(f"{self.name}: activation shape {x.shape} {x.dtype}, expected [M, {self.cols}] float32")
         x = np.ascontiguousarray(x)
-        if llama_rounding:
-            x = quantize_activations(x, self.act_kind)
         if out is None:
             out = np.empty((x.shape[0], self.rows), np.float32)
         elif out.shape != (x.shape[0], self.rows) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"{self.name}: output buffer {out.shape} {out.dtype}, expected [{x.shape[0]}, {self.rows}] float32")
+        if llama_rounding and self.simd:
+            q, d, s = quantize_activations_int(x, self.act_kind)
+            vnni_matmul(q, d, s, self.prepare(), int(self.qtype), out, make_tag(self.isa))
+            return out
+        if llama_rounding:
+            x = quantize_activations(x, self.act_kind)
         if self._kind == "quant":
             quant_matmul(x, self._w, int(self.qtype), F16_TO_F32, out)
         elif self._kind == "f32":
@@ -122,6 +151,9 @@ def linear_many(x: np.ndarray, linears: list[Linear], llama_rounding: bool = Fal
 
     ``llama_rounding`` as in ``Linear.__call__`` (rounded once per activation kind).
     """
+    if (llama_rounding and 2 <= len(linears) <= 3 and all(lin.simd for lin in linears)
+            and len({lin.isa for lin in linears}) == 1):
+        return _linear_many_simd(x, linears)
     if 2 <= len(linears) <= 3 and all(lin._kind == "quant" for lin in linears):
         x = np.ascontiguousarray(x)
         M = x.shape[0]
@@ -148,6 +180,31 @@ def linear_many(x: np.ndarray, linears: list[Linear], llama_rounding: bool = Fal
                       xs[2], ws[2], qs[2], y2, F16_TO_F32)
         return outs
     return [lin(x, llama_rounding=llama_rounding) for lin in linears]
+
+
+def _linear_many_simd(x: np.ndarray, linears: list[Linear]) -> list[np.ndarray]:
+    """linear_many on the integer SIMD kernels: x quantized once per activation kind."""
+    x = np.ascontiguousarray(x)
+    M = x.shape[0]
+    for lin in linears:
+        if x.ndim != 2 or x.shape[1] != lin.cols or x.dtype != np.float32:
+            raise ValueError(f"{lin.name}: activation shape {x.shape}, expected [M, {lin.cols}] float32")
+    acts: dict[int, tuple] = {}
+    args = []
+    outs = []
+    for lin in linears:
+        if lin.act_kind not in acts:
+            acts[lin.act_kind] = quantize_activations_int(x, lin.act_kind)
+        y = np.empty((M, lin.rows), np.float32)
+        outs.append(y)
+        args += [*acts[lin.act_kind], lin.prepare(), int(lin.qtype), y]
+    if len(linears) == 2:
+        args += [*args[0:3], _NO_GROUPS, 0, np.empty((M, 0), np.float32)]
+    vnni_matmul3(*args, make_tag(linears[0].isa))
+    return outs
+
+
+_NO_GROUPS = np.zeros((0, 1), np.uint8)  # [0 groups, 1] stand-in for an absent third weight
 
 
 def dequantize_tensor(info) -> np.ndarray:

@@ -104,3 +104,80 @@ def quantize_activations(x: np.ndarray, kind: int) -> np.ndarray:
         bits = x.view(np.uint32)
         y.view(np.uint32)[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000)
     return y
+
+
+# ------------------------------------------------------------------ int8 form (SIMD paths)
+# The same rounding as quantize_q8_0 / quantize_q8_k, kept as integers for dot-product
+# instructions:  value = q * scale  exactly as the float form above.
+@kernel
+def quantize_q8_0_int(x, lut, q, d, s):
+    """x  # [M, K] f32, K % 32 == 0  ->  q  # [M, K] int8,  d  # [M, K/32] f32 (the f16 scale),
+    s  # [M, K/32] int32 (sum of the block's q)"""
+    M, K = x.shape
+    scratch = np.empty(1, np.float32)  # [1] to reinterpret d's bits
+    scratch_bits = scratch.view(np.uint32)
+    for m in range(M):
+        for b in range(K // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[m, 32 * b + j]))
+            dd = amax / np.float32(127.0)
+            inv = np.float32(1.0) / dd if dd != 0 else np.float32(0.0)
+            scratch[0] = dd
+            d[m, b] = lut[_half_bits(scratch_bits[0])]
+            tot = 0
+            for j in range(32):
+                v = np.int32(np.round(x[m, 32 * b + j] * inv))
+                q[m, 32 * b + j] = v
+                tot += v
+            s[m, b] = tot
+
+
+@kernel
+def quantize_q8_k_int(x, q, d, s):
+    """x  # [M, K] f32, K % 256 == 0  ->  q  # [M, K] int8,  d  # [M, K/256] f32,
+    s  # [M, K/16] int32 (sums of 16 q, llama.cpp's bsums)"""
+    M, K = x.shape
+    for m in range(M):
+        for b in range(K // 256):
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(256):
+                a = abs(x[m, 256 * b + j])
+                if a > amax:
+                    amax = a
+                    vmax = x[m, 256 * b + j]
+            if amax == 0:
+                d[m, b] = 0.0
+                for j in range(256):
+                    q[m, 256 * b + j] = 0
+                for j in range(16):
+                    s[m, 16 * b + j] = 0
+                continue
+            iscale = np.float32(-127.0) / vmax
+            d[m, b] = np.float32(1.0) / iscale
+            for g in range(16):
+                tot = 0
+                for j in range(16):
+                    v = np.int32(min(np.float32(127.0), np.float32(np.rint(iscale * x[m, 256 * b + 16 * g + j]))))
+                    q[m, 256 * b + 16 * g + j] = v
+                    tot += v
+                s[m, 16 * b + g] = tot
+
+
+def quantize_activations_int(x: np.ndarray, kind: int):
+    """(q int8 [M, K], scales f32, block sums int32) of x # [M, K] f32 for ACT_Q8_0 / ACT_Q8_K;
+    q * scale (per block) equals ``quantize_activations(x, kind)``."""
+    M, K = x.shape
+    q = np.empty((M, K), np.int8)
+    if kind == ACT_Q8_0:
+        d = np.empty((M, K // 32), np.float32)
+        s = np.empty((M, K // 32), np.int32)
+        quantize_q8_0_int(x, F16_TO_F32, q, d, s)
+    elif kind == ACT_Q8_K:
+        d = np.empty((M, K // 256), np.float32)
+        s = np.empty((M, K // 16), np.int32)
+        quantize_q8_k_int(x, q, d, s)
+    else:
+        raise ValueError(f"no integer form for activation kind {kind}")
+    return q, d, s

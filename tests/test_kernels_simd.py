@@ -1,0 +1,166 @@
+"""The integer SIMD matmul paths (isa.py, simd.py, repack.py, vnni_matmul.py) against the
+NumPy oracle: x rounded as act_quant does, times gguf's dequantized weights (float64).
+
+Every ISA path this CPU can run is tested (a 512-bit machine runs avx512vnni, avxvnni
+and avx2 alike); 'generic' is the float kernel of quant_matmul.py.
+"""
+
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+from gguf import quants as gguf_quants
+
+from llcinfer.kernels import Linear, linear_many
+from llcinfer.kernels import isa as isa_mod
+from llcinfer.kernels.act_quant import ACT_Q8_0, ACT_Q8_K, quantize_activations, quantize_activations_int
+from llcinfer.kernels.repack import repack, unpack
+from llcinfer.kernels.simd import lanes
+
+from tiny_models import K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, fake_tensor
+
+SIMD_ISAS = [i for i in isa_mod.supported_isas() if i != "generic"]
+ROWS = (1, 3, 17, 33, 129)
+MS = (1, 2, 3, 17, 64)
+COLS = {q: (32, 96, 4128) for q in LEGACY_QUANTS} | {q: (256, 768, 4352) for q in K_QUANTS}
+
+pytestmark = pytest.mark.skipif(not SIMD_ISAS, reason="CPU without AVX2: only the generic path")
+
+
+def _oracle(t):
+    rows, cols = t.shape
+    return np.asarray(gguf_quants.dequantize(t.data, t.qtype), np.float64).reshape(rows, cols)
+
+
+def _kind(qtype: str) -> int:
+    return ACT_Q8_K if qtype in K_QUANTS else ACT_Q8_0
+
+
+def _check(y, xr, w64, rel=2e-6):
+    """|y - xr @ w.T| within float32 summation error of the terms summed."""
+    ref = xr @ w64.T
+    terms = np.abs(xr) @ np.abs(w64).T
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    assert np.all(np.isfinite(y))
+    assert np.all(err <= rel * terms + 1e-30), f"max err {err.max():.3g} vs terms {terms.max():.3g}"
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+@pytest.mark.parametrize("N", ROWS)
+def test_simd_matmul_matches_oracle(isa, qtype, N):
+    rng = np.random.default_rng(zlib.crc32(f"{isa}-{qtype}-{N}".encode()))
+    for K in COLS[qtype]:
+        t = fake_tensor(rng, qtype, N, K)
+        w64 = _oracle(t)
+        lin = Linear(t, (N, K), isa=isa)
+        assert lin.simd and lin.isa == isa
+        for M in MS:
+            x = (rng.standard_normal((M, K)) * rng.uniform(0.1, 3.0, (M, 1))).astype(np.float32)
+            xr = quantize_activations(x, _kind(qtype)).astype(np.float64)
+            _check(lin(x, llama_rounding=True), xr, w64)
+        assert lin.prepare().shape[0] == -(-N // lanes(isa))
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("types", [("Q4_1", "Q4_1", "Q4_1"), ("Q5_0", "Q8_0", "Q4_K"), ("Q6_K", "Q4_0"),
+                                   ("Q4_K", "Q6_K", "Q8_0")])
+def test_simd_linear_many(isa, types):
+    rng = np.random.default_rng(zlib.crc32(f"{isa}-{types}".encode()))
+    K = 512
+    ts = [fake_tensor(rng, q, n, K) for q, n in zip(types, (33, 17, 9))]
+    lins = [Linear(t, t.shape, isa=isa) for t in ts]
+    for M in (1, 5, 64):
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        ys = linear_many(x, lins, llama_rounding=True)
+        for y, t, q in zip(ys, ts, types):
+            _check(y, quantize_activations(x, _kind(q)).astype(np.float64), _oracle(t))
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+@pytest.mark.parametrize("W", (8, 16))
+def test_repack_round_trip(qtype, W):
+    rng = np.random.default_rng(zlib.crc32(f"rt-{qtype}-{W}".encode()))
+    for N in (1, 17, 40):
+        K = 512
+        t = fake_tensor(rng, qtype, N, K)
+        p = repack(t.data, int(t.qtype), K, W, chunk_rows=16)  # several chunks, a padded tail
+        assert p.shape[0] == -(-N // W)
+        back = unpack(p, int(t.qtype), N, K, W)
+        ref = np.asarray(gguf_quants.dequantize(t.data, t.qtype), np.float32).reshape(N, K)
+        np.testing.assert_allclose(back, ref, rtol=1e-6, atol=0)
+
+
+def test_block_bytes_agree_with_repack():
+    from llcinfer.kernels.repack import BLOCK_BYTES_PER_ROW
+    from llcinfer.kernels.vnni_matmul import _block_bytes
+
+    for qt, nbytes in BLOCK_BYTES_PER_ROW.items():
+        assert _block_bytes(qt) == nbytes
+
+
+@pytest.mark.parametrize("kind,B", [(ACT_Q8_0, 32), (ACT_Q8_K, 256)])
+def test_int_activations_equal_float_rounding(kind, B):
+    rng = np.random.default_rng(B)
+    M, K = 7, 4096
+    x = (rng.standard_normal((M, K)) * rng.uniform(1e-3, 30, (M, 1))).astype(np.float32)
+    x[1, :B] = 0  # an all-zero block
+    x[2, 5] = 1e4  # one large value
+    q, d, s = quantize_activations_int(x, kind)
+    vals = (q.reshape(M, -1, B).astype(np.float32) * d[:, :, None]).reshape(M, K)
+    np.testing.assert_array_equal(vals, quantize_activations(x, kind))
+    per = 32 if kind == ACT_Q8_0 else 16
+    np.testing.assert_array_equal(s, q.reshape(M, -1, per).astype(np.int32).sum(-1))
+
+
+def test_env_var_forces_path(monkeypatch):
+    for name in isa_mod.supported_isas():
+        monkeypatch.setenv("LLCINFER_ISA", name)
+        isa_mod.reset_isa()
+        assert isa_mod.current_isa() == name
+        t = fake_tensor(np.random.default_rng(0), "Q4_1", 5, 64)
+        lin = Linear(t, (5, 64))
+        assert lin.isa == name and lin.simd == (name != "generic")
+    monkeypatch.setenv("LLCINFER_ISA", "sse9")
+    isa_mod.reset_isa()
+    with pytest.raises(ValueError, match="LLCINFER_ISA"):
+        isa_mod.current_isa()
+    monkeypatch.delenv("LLCINFER_ISA")
+    isa_mod.reset_isa()
+    assert isa_mod.current_isa() == isa_mod.supported_isas()[0]
+
+
+def test_cpu_without_feature_falls_back(monkeypatch):
+    assert isa_mod.supported_isas({"sse2"}) == ["generic"]
+    assert isa_mod.supported_isas({"avx2", "fma", "f16c"}) == ["avx2", "generic"]
+    assert isa_mod.supported_isas({"avx2", "fma", "f16c", "avx_vnni"}) == ["avxvnni", "avx2", "generic"]
+    monkeypatch.setattr(isa_mod, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        assert isa_mod.select_isa("avx512vnni") == "avx2"
+    assert any("cannot run" in str(r.message) for r in rec)
+    monkeypatch.setattr(isa_mod, "cpu_flags", lambda: {"sse2"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert isa_mod.select_isa("avx2") == "generic"
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+def test_generic_path_matches_simd(qtype):
+    """A CPU without the features (forced 'generic') computes the same llama-rounded product."""
+    rng = np.random.default_rng(zlib.crc32(qtype.encode()))
+    K = 512
+    t = fake_tensor(rng, qtype, 21, K)
+    gen = Linear(t, (21, K), isa="generic")
+    assert not gen.simd and gen.prepare() is None
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    xr = quantize_activations(x, _kind(qtype)).astype(np.float64)
+    y_gen = gen(x, llama_rounding=True)
+    _check(y_gen, xr, _oracle(t), rel=1e-5)
+    for isa in SIMD_ISAS:
+        y = Linear(t, (21, K), isa=isa)(x, llama_rounding=True)
+        _check(y, xr, _oracle(t))
+        terms = np.abs(xr) @ np.abs(_oracle(t)).T
+        assert np.all(np.abs(y.astype(np.float64) - y_gen) <= 2e-5 * terms)

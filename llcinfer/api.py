@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from . import catalog
 from .chat_template import ChatTemplate
 from .engine import Engine, GenerationStats
+from .kv import KV_TYPES
 from .errors import ChatTemplateError, ModelFileError, UsageError
 from .gguf_file import GGUFFile
 from .kernels import set_threads
@@ -25,6 +27,17 @@ from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
 _SAMPLING_KEYS = {f for f in SamplingParams.__dataclass_fields__}
+
+
+@dataclass
+class Completion:
+    """One result of ``LLM.generate_batch``."""
+
+    text: str
+    token_ids: list[int]
+    stop_reason: str
+    error: Exception | None = None
+    stats: GenerationStats | None = None
 
 
 class LLM:
@@ -40,13 +53,25 @@ class LLM:
         numerics: ``"llama.cpp"`` (default) rounds matmul inputs to 8-bit blocks and the KV
             cache to f16 exactly as llama.cpp does, so greedy output matches it except at
             near-ties; ``"f32"`` keeps activations in float32 (the NumPy oracle's exact mode).
+        kv_type: KV cache storage, ``"f16"`` (default with llama.cpp numerics), ``"int8"``
+            (per-32-value scales, half the memory) or ``"f32"`` (default with f32 numerics).
+        n_seq: sequences the KV pool reserves address space for (``generate_batch``).
+        kv_budget_mb: most KV memory committed at once (default: available RAM less the
+            model and a margin); a sequence that needs more gets ``OutOfMemoryError``.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = 32, progress: bool = True,
-                 numerics: str = "llama.cpp"):
+                 numerics: str = "llama.cpp", kv_type: str | None = None, n_seq: int = 1,
+                 kv_budget_mb: float | None = None):
         if numerics not in ("llama.cpp", "f32"):
             raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
+        if kv_type is not None and kv_type not in KV_TYPES:
+            raise UsageError(f"kv_type must be one of {', '.join(KV_TYPES)} (got {kv_type!r})")
+        if not isinstance(n_seq, int) or n_seq < 1:
+            raise UsageError(f"n_seq must be a positive integer (got {n_seq!r})")
+        if kv_budget_mb is not None and not kv_budget_mb > 0:
+            raise UsageError(f"kv_budget_mb must be positive (got {kv_budget_mb!r})")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
         self.threads = set_threads(threads)
@@ -66,7 +91,9 @@ class LLM:
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise UsageError(f"n_ctx must be a positive integer (got {n_ctx!r})")
         self.n_ctx = n_ctx
-        self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch)
+        budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
+        self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
+                             kv_budget_bytes=budget)
         self.model.warm_up()
 
     # ------------------------------------------------------------------ text in, text out
@@ -93,6 +120,32 @@ class LLM:
         pieces = self.engine.stream_text(ids, params)
         return pieces if stream else "".join(pieces)
 
+    def generate_batch(self, prompts: list[str], chat: bool = False, **sampling) -> list[Completion]:
+        """Complete several prompts on sequences of one shared KV pool; a common prefix
+        (e.g. a system prompt) is computed once and its blocks shared.  ``chat=True``
+        treats each prompt as a list of messages.  A prompt that runs out of KV memory
+        comes back with ``error`` set (an ``OutOfMemoryError``); the others complete."""
+        params = self._params(sampling)
+        if chat:
+            ids = [self.tokenize(self.apply_chat_template(m), special=True) for m in prompts]
+        else:
+            ids = [self.tokenize(p, special=False, add_bos=None) for p in prompts]
+        out = []
+        for r in self.engine.generate_batch(ids, params):
+            text = self.detokenize(r.token_ids)
+            cut = [text.index(s) for s in params.stop if s in text]
+            if cut:
+                text, r.stop_reason = text[:min(cut)], "stop"
+            out.append(Completion(text, r.token_ids, r.stop_reason, r.error, r.stats))
+        return out
+
+    def kv_stats(self) -> dict:
+        """The KV pool (committed / cached / reserved blocks) and prefix-sharing counters."""
+        d = self.engine.pool.stats()
+        if self.engine.prefix is not None:
+            d.update({f"prefix_{k}": v for k, v in vars(self.engine.prefix.stats).items()})
+        return d
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text the chat template makes of ``messages``."""
         if self.chat_template is None:
@@ -117,8 +170,7 @@ class LLM:
             raise UsageError("logits() needs at least one token id")
         if min(ids) < 0 or max(ids) >= self.config.vocab_size:
             raise UsageError(f"token ids must be in [0, {self.config.vocab_size})")
-        self.engine.cache.clear()
-        self.engine.cached_tokens.clear()
+        self.engine.reset()
         return np.asarray(self.engine.prefill(ids), dtype=np.float32)
 
     # ------------------------------------------------------------------ info
@@ -129,8 +181,7 @@ class LLM:
 
     def reset(self) -> None:
         """Forget the cached context (the next prompt is evaluated from scratch)."""
-        self.engine.cache.clear()
-        self.engine.cached_tokens.clear()
+        self.engine.reset()
 
     def _params(self, sampling: dict) -> SamplingParams:
         unknown = set(sampling) - _SAMPLING_KEYS

@@ -1,9 +1,12 @@
 """The step loop: plan the prompt into batches, run the model, post-process each token
 (sample, detokenize, stop checks) and stream text out.
 
-One ``Engine`` owns one sequence's KV cache.  It remembers the tokens that cache holds,
-so a new prompt that extends the previous one (the next chat turn) only runs the new
-tokens.
+One ``Engine`` owns one paged KV pool (llcinfer.kv) that many sequences share.  Its
+default sequence (``engine.cache``) serves generate / chat: a new prompt that extends the
+tokens it holds (the next chat turn) only runs the new tokens, and any prompt first looks
+for its longest indexed prefix in the pool (a common system prompt, an earlier turn).
+``generate_batch`` runs several prompts on sequences of their own, sharing prefix blocks;
+a sequence that cannot get memory ends with an error while the others go on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ContextLengthError
+from .errors import ContextLengthError, OutOfMemoryError
+from .kv import DEFAULT_BLOCK_SIZE, PagedSequence
 from .model import Transformer
 from .sampling import Sampler, SamplingParams, StopMatcher
 from .tokenizer import Tokenizer
@@ -56,46 +60,86 @@ class GenerationStats:
         )
 
 
+@dataclass
+class BatchResult:
+    """One prompt of ``generate_batch``: its tokens, or the error that ended it."""
+
+    token_ids: list[int]
+    stop_reason: str = ""
+    error: Exception | None = None
+    stats: GenerationStats | None = None
+
+
 class Engine:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int, n_batch: int = DEFAULT_BATCH):
+    """Args: n_seq sequences of up to n_ctx tokens share the pool (its reservation);
+    kv_type "f16" | "int8" | "f32" (None: the model's default); kv_budget_bytes caps the
+    committed KV memory (None: available RAM less the model and a margin)."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int, n_batch: int = DEFAULT_BATCH,
+                 kv_type: str | None = None, n_seq: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
+                 kv_budget_bytes: int | None = None, prefix_sharing: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.n_ctx = int(n_ctx)
         self.n_batch = max(1, int(n_batch))
-        self.cache = model.new_cache(self.n_ctx)
-        self.cached_tokens: list[int] = []  # tokens whose K/V the cache holds, in order
+        self.pool, self.prefix = model.new_pool(self.n_ctx, n_seq, kv_type, block_size, kv_budget_bytes,
+                                                prefix_sharing)
+        self._n_seq_made = 0
+        self.cache = self.new_sequence()  # the default sequence (generate, chat)
         self.stats = GenerationStats()
 
+    def new_sequence(self) -> PagedSequence:
+        """A new, empty sequence on the shared pool (free it with ``seq.free()``)."""
+        seq = PagedSequence(self.pool, self.n_ctx, self.prefix, f"sequence {self._n_seq_made}")
+        self._n_seq_made += 1
+        return seq
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """Tokens whose K/V the default sequence holds (read only)."""
+        return self.cache.tokens
+
+    def reset(self) -> None:
+        """Empty the default sequence (its indexed blocks stay shareable)."""
+        self.cache.clear()
+
     # -- plan ---------------------------------------------------------------------------
-    def _reuse_prefix(self, prompt: list[int]) -> int:
-        """Keep the longest cached prefix of ``prompt`` (at least one token left to run)."""
+    def _reuse_prefix(self, prompt: list[int], seq: PagedSequence) -> int:
+        """Keep the longest known prefix of ``prompt`` (at least one token left to run):
+        what ``seq`` holds already, or the pool's indexed blocks, whichever is longer."""
         n = 0
-        limit = min(len(self.cached_tokens), len(prompt) - 1)
-        while n < limit and self.cached_tokens[n] == prompt[n]:
+        held = seq.tokens
+        limit = min(len(held), len(prompt) - 1)
+        while n < limit and held[n] == prompt[n]:
             n += 1
-        self.cache.truncate(n)
-        del self.cached_tokens[n:]
+        if self.prefix is not None:
+            blocks, _ = self.prefix.match(prompt, len(prompt) - 1)
+            if min(len(blocks) * seq.block_size, len(prompt) - 1) > n:
+                seq.clear()
+                return seq.adopt_prefix(prompt, len(prompt) - 1)
+        seq.truncate(n)
         return n
 
     # -- run ----------------------------------------------------------------------------
-    def _run(self, tokens: list[int]) -> np.ndarray:
+    def _run(self, tokens: list[int], seq: PagedSequence | None = None) -> np.ndarray:
         """Feed tokens in batches of n_batch; return the last position's logits [vocab]."""
+        seq = self.cache if seq is None else seq
         logits = None
         for i in range(0, len(tokens), self.n_batch):
-            chunk = tokens[i:i + self.n_batch]
-            logits = self.model.forward(chunk, self.cache)
-            self.cached_tokens.extend(chunk)
+            logits = self.model.forward(tokens[i:i + self.n_batch], seq)
         return logits
 
-    def prefill(self, prompt: list[int]) -> np.ndarray:
-        """Make the cache hold ``prompt``; return the logits after its last token."""
+    def prefill(self, prompt: list[int], seq: PagedSequence | None = None) -> np.ndarray:
+        """Make the sequence (default: ``self.cache``) hold ``prompt``; return the logits
+        after its last token.  Sets ``self.stats``."""
+        seq = self.cache if seq is None else seq
         if not prompt:
             raise ValueError("empty prompt: nothing to condition on")
         if len(prompt) > self.n_ctx:
             raise ContextLengthError(f"prompt of {len(prompt)} tokens exceeds the context length {self.n_ctx}")
-        reused = self._reuse_prefix(prompt)
+        reused = self._reuse_prefix(prompt, seq)
         t0 = time.perf_counter()
-        logits = self._run(prompt[reused:])
+        logits = self._run(prompt[reused:], seq)
         self.stats = GenerationStats(n_prompt=len(prompt), n_prompt_evaluated=len(prompt) - reused,
                                      prompt_seconds=time.perf_counter() - t0)
         return logits
@@ -129,8 +173,74 @@ class Engine:
                 stats.stop_reason = "context"
                 return
             logits = self.model.forward([token], self.cache)
-            self.cached_tokens.append(token)
             stats.generation_seconds = time.perf_counter() - t0
+
+    def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[BatchResult]:
+        """Generate for every prompt, each on a sequence of its own in the shared pool.
+
+        Prompts are prefilled one after the other (a common prefix, e.g. a system prompt,
+        is computed once: later prompts adopt its blocks), then the live sequences decode
+        round-robin, one token each per round.  A sequence that cannot get KV memory (or
+        hits the context length) ends with ``error`` / ``stop_reason`` set and the others go
+        on.  Every sequence is freed at the end (indexed blocks stay shareable).
+        """
+        params = params.validate()
+        eog = self.tokenizer.eog_ids
+        vocab = self.model.config.vocab_size
+        results = [BatchResult([]) for _ in prompts]
+        seqs: list[PagedSequence] = []
+        live = []  # [index, sequence, sampler, history, logits]
+        try:
+            for i, prompt in enumerate(prompts):
+                seq = self.new_sequence()
+                seqs.append(seq)
+                try:
+                    logits = self.prefill(list(prompt), seq)
+                except (OutOfMemoryError, ContextLengthError) as e:
+                    results[i].error, results[i].stop_reason = e, "error"
+                    results[i].stats = GenerationStats(n_prompt=len(prompt), stop_reason="error")
+                    seq.free()
+                    continue
+                results[i].stats = self.stats
+                if params.max_tokens == 0:
+                    results[i].stop_reason = self.stats.stop_reason = "length"
+                    seq.free()
+                    continue
+                live.append([i, seq, Sampler(params, vocab), list(prompt), logits])
+            while live:
+                still = []
+                for st in live:
+                    i, seq, sampler, history, logits = st
+                    res = results[i]
+                    token = sampler.sample(logits, history)
+                    stop = ""
+                    if token in eog and not params.ignore_eos:
+                        stop = "eos"
+                    else:
+                        history.append(token)
+                        res.token_ids.append(token)
+                        res.stats.n_generated += 1
+                        if res.stats.n_generated >= params.max_tokens:
+                            stop = "length"
+                        elif seq.n_tokens >= self.n_ctx:
+                            stop = "context"
+                    if not stop:
+                        t0 = time.perf_counter()
+                        try:
+                            st[4] = self.model.forward([token], seq)
+                        except OutOfMemoryError as e:
+                            res.error, stop = e, "error"
+                        res.stats.generation_seconds += time.perf_counter() - t0  # decode steps only
+                    if stop:
+                        res.stop_reason = res.stats.stop_reason = stop
+                        seq.free()
+                    else:
+                        still.append(st)
+                live = still
+        finally:
+            for seq in seqs:
+                seq.free()
+        return results
 
     # -- post-process -------------------------------------------------------------------
     def stream_text(self, prompt: list[int], params: SamplingParams) -> Iterator[str]:

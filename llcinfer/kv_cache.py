@@ -1,7 +1,9 @@
-"""A simple contiguous per-sequence KV cache (float32).
+"""A simple contiguous per-sequence KV cache (float32): the reference layout.
 
-The paged, growable cache of a later issue replaces it behind the same methods.  NumPy's
-zeroed allocation is lazily committed by the OS, so memory follows the tokens written.
+The default cache is the paged pool (llcinfer.kv); this one stays for comparisons
+(``Transformer.new_cache(n_ctx, layout="contiguous")``, perf/kv_cache_report.py) and
+implements the same forward protocol (prepare / store / attention / finish / truncate).
+NumPy's zeroed allocation is lazily committed by the OS.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ContextLengthError, OutOfMemoryError
+from .kernels import attention
 
 
 class KVCache:
@@ -28,6 +31,24 @@ class KVCache:
             raise ContextLengthError(
                 f"context full: {self.n_tokens} + {n_new} tokens exceed the context length {self.n_ctx}"
             )
+
+    def prepare(self, ids) -> None:
+        self.check_room(len(ids))
+
+    def finish(self, ids) -> None:
+        self.n_tokens += len(ids)
+
+    @property
+    def itemsize(self) -> int:
+        return self.k.itemsize
+
+    def read(self, layer: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v)  # [stop - start, n_kv_head, head_dim] f32 copies"""
+        return self.k[layer, start:stop].copy(), self.v[layer, start:stop].copy()
+
+    def attention(self, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray) -> None:
+        """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1"""
+        attention(q, self.k[layer], self.v[layer], n_past, scale, out)
 
     def store(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v  # [M, n_kv_head, head_dim] for positions pos0 .. pos0+M-1"""

@@ -16,6 +16,7 @@ from . import kernels as K
 from .architectures import get_architecture
 from .architectures.base import ModelConfig, ModelWeights
 from .gguf_file import GGUFFile
+from .kv import DEFAULT_BLOCK_SIZE, KVPool, PagedSequence, PrefixCache, new_pool
 from .kv_cache import KVCache
 
 
@@ -44,9 +45,32 @@ class Transformer:
         # output then agrees with it except at near-ties); False keeps exact float32.
         self.llama_rounding = bool(llama_rounding)
 
-    def new_cache(self, n_ctx: int) -> KVCache:
+    @property
+    def default_kv_type(self) -> str:
+        """f16 as llama.cpp (the default numerics); f32 in exact mode."""
+        return "f16" if self.llama_rounding else "f32"
+
+    def new_pool(self, n_ctx: int, n_seq: int = 1, kv_type: str | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE, budget_bytes: int | None = None,
+                 prefix_sharing: bool = True) -> tuple[KVPool, PrefixCache | None]:
+        """A paged KV pool for ``n_seq`` sequences of up to ``n_ctx`` tokens (and its prefix cache)."""
         c = self.config
-        return KVCache(c.n_layer, n_ctx, c.n_kv_head, c.head_dim, f16_values=self.llama_rounding)
+        if budget_bytes is None:
+            from .kv import default_budget
+
+            budget_bytes = default_budget(model_bytes=self.weights.nbytes)
+        return new_pool(c.n_layer, c.n_kv_head, c.head_dim, n_ctx, n_seq, kv_type or self.default_kv_type,
+                        block_size, budget_bytes, prefix_sharing)
+
+    def new_cache(self, n_ctx: int, kv_type: str | None = None, layout: str = "paged",
+                  block_size: int = DEFAULT_BLOCK_SIZE) -> PagedSequence | KVCache:
+        """A single sequence's cache: on a private paged pool (default), or the simple
+        contiguous f32 array (``layout="contiguous"``, for comparisons)."""
+        c = self.config
+        if layout == "contiguous":
+            return KVCache(c.n_layer, n_ctx, c.n_kv_head, c.head_dim, f16_values=self.llama_rounding)
+        pool, prefix = self.new_pool(n_ctx, 1, kv_type, block_size)
+        return PagedSequence(pool, n_ctx, prefix)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` at positions cache.n_tokens ...; append their K/V to the cache.
@@ -60,7 +84,7 @@ class Transformer:
             raise ValueError("forward() needs at least one token")
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise ValueError(f"token id out of range [0, {c.vocab_size})")
-        cache.check_room(M)
+        cache.prepare(ids)  # room check; blocks committed (OutOfMemoryError before any compute)
         pos0 = cache.n_tokens
         positions = np.arange(pos0, pos0 + M, dtype=np.int64)  # [M]
         x = w.token_embd.get_rows(ids)  # [M, d_model] residual stream
@@ -81,13 +105,13 @@ class Transformer:
             cache.store(li, pos0, k3, v.reshape(M, c.n_kv_head, c.head_dim))
             if rnd:  # llama.cpp multiplies Q by its f16 K cache in f16
                 q3[...] = q3.astype(np.float16)
-            K.attention(q3, cache.k[li], cache.v[li], pos0, self.scale, attn)
+            cache.attention(li, q3, pos0, self.scale, attn)
             x += lw.wo(attn.reshape(M, -1), llama_rounding=rnd)
             K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)
             gate, up = K.linear_many(h, [lw.w_gate, lw.w_up], rnd)  # [M, d_ff] each
             K.swiglu(gate, up, gate)
             x += lw.w_down(gate, llama_rounding=rnd)
-        cache.n_tokens = pos0 + M
+        cache.finish(ids)  # n_tokens += M; full blocks indexed for prefix sharing
         rows = x if all_logits else x[-1:]
         K.rms_norm(rows, w.output_norm, c.rms_eps, rows)
         logits = w.output(np.ascontiguousarray(rows), llama_rounding=rnd)  # [M or 1, vocab]

@@ -10,16 +10,17 @@ import sys
 import click
 
 from ..sampling import SamplingParams
-from .options import model_options, sampling_kwargs, sampling_options
+from .options import kv_options, model_options, sampling_kwargs, sampling_options
 
 HELP = "commands: /reset (clear history), /exit (quit); Ctrl-C stops a reply, Ctrl-D exits"
 
 
 @click.command()
 @model_options
+@kv_options
 @sampling_options
 @click.option("--system", default=None, help="System message that opens the conversation.")
-def chat(model, threads, n_ctx, numerics, system, **kw):
+def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, system, **kw):
     """Chat with a model in the terminal."""
     sampling = sampling_kwargs(kw)
     SamplingParams(**sampling).validate()
@@ -27,7 +28,8 @@ def chat(model, threads, n_ctx, numerics, system, **kw):
         sampling["max_tokens"] = 512  # replies, not snippets
     from ..api import LLM
 
-    llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics)
+    llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
+              kv_budget_mb=kv_budget_mb)
     llm.apply_chat_template([{"role": "user", "content": "x"}])  # no template: fail now
     base = [{"role": "system", "content": system}] if system else []
     history = list(base)

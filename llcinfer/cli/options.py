@@ -22,6 +22,15 @@ def model_options(f):
     return f
 
 
+def kv_options(f):
+    """KV cache options (separate from model_options so other commands opt in)."""
+    f = click.option("--kv-budget-mb", type=float, default=None,
+                     help="Most KV cache memory to commit, MiB (default: available RAM less the model).")(f)
+    f = click.option("--kv-type", type=click.Choice(["f16", "int8", "f32"]), default=None,
+                     help="KV cache storage (default: f16; f32 with --numerics f32).")(f)
+    return f
+
+
 def sampling_options(f):
     opts = [
         click.option("--max-tokens", "-n", type=int, default=_D.max_tokens, show_default=True,

@@ -1,0 +1,230 @@
+"""Causal GQA attention read through a block table (the paged KV pool), and the stores
+that fill it.
+
+The pool (llcinfer.kv.pool) is one array per storage type, [block, elems], every block
+holding ``bs`` tokens of every layer laid out as
+
+    data    # [layer, 2 (K, V), kv_head, token, head_dim]    f16 bits / int8 / f32
+    scales  # [layer, 2, kv_head, token, head_dim // group]  f32, int8 only, at scale_off0
+
+Token t of a sequence lives in block ``table[t // bs]``, slot ``t % bs``.
+
+One task = (query row m, kv head, split of the key blocks).  The G = H / KVH query heads
+of a group share every K/V row read (converted to f32 once per block), the softmax is
+online per block (one rescale per block, not per key), and long contexts are split
+across the thread pool (flash-decoding) and merged at the end:
+
+    s[g, t] = q[m, h0+g] . k[t] * scale;   out[m, h0+g] = sum_t softmax(s[g])[t] v[t]
+
+``kind`` selects the storage type: 0 f32, 1 f16 (bit patterns, F16_TO_F32 lookup),
+2 int8 (x = q * scale per ``group`` values).
+"""
+
+import numpy as np
+from numba import prange
+
+from .jit import kernel, parallel_kernel
+
+_NEG = np.float32(-1e30)  # "minus infinity" that stays finite under fastmath (ninf)
+
+
+@kernel
+def _load_rows(pool, pool_f32, blk, off, n, kind, lut, scale_off, group, dst):
+    """dst[:n] = f32 of pool[blk, off : off + n] (n = rows * D, rows contiguous)."""
+    if kind == 1:
+        for i in range(n):
+            dst[i] = lut[np.int64(pool[blk, off + i])]
+    elif kind == 0:
+        for i in range(n):
+            dst[i] = np.float32(pool[blk, off + i])
+    else:
+        for g in range(n // group):
+            sc = pool_f32[blk, scale_off + g]
+            for i in range(g * group, (g + 1) * group):
+                dst[i] = np.float32(pool[blk, off + i]) * sc
+
+
+@kernel
+def _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
+          n_splits, task, pmax, psum, pacc):
+    """Partial attention of one (m, kv head, split): pmax/psum [G], pacc [G, D] of this task."""
+    M, H, D = q.shape
+    G = H // KVH
+    s_idx = task % n_splits
+    mk = task // n_splits
+    m = mk // KVH
+    kvh = mk % KVH
+    h0 = kvh * G
+    t_end = n_past + m + 1  # keys 0 .. t_end-1 are visible to row m
+    nb = (t_end + bs - 1) // bs
+    b0 = s_idx * nb // n_splits
+    b1 = (s_idx + 1) * nb // n_splits
+    kbuf = np.empty(bs * D, np.float32)  # [token, D] one block's K (then V) rows in f32
+    sbuf = np.empty((G, bs), np.float32)  # [G, token] scores, then probabilities
+    rmax = np.full(G, _NEG, np.float32)
+    rsum = np.zeros(G, np.float32)
+    acc = np.zeros((G, D), np.float32)  # [G, D] running weighted sum of values
+    gs = D // group
+    for b in range(b0, b1):
+        blk = table[b]
+        n_valid = min(bs, t_end - b * bs)
+        rk = ((layer * 2 + 0) * KVH + kvh) * bs  # first K row of this (layer, head) in the block
+        rv = ((layer * 2 + 1) * KVH + kvh) * bs
+        _load_rows(pool, pool_f32, blk, rk * D, n_valid * D, kind, lut, scale_off0 + rk * gs, group, kbuf)
+        for g in range(G):
+            for j in range(n_valid):
+                s = np.float32(0.0)
+                for d in range(D):
+                    s += q[m, h0 + g, d] * kbuf[j * D + d]
+                sbuf[g, j] = s * scale
+        for g in range(G):
+            bm = sbuf[g, 0]
+            for j in range(1, n_valid):
+                bm = max(bm, sbuf[g, j])
+            new = max(rmax[g], bm)
+            corr = np.float32(np.exp(rmax[g] - new))
+            tot = np.float32(0.0)
+            for j in range(n_valid):
+                p = np.float32(np.exp(sbuf[g, j] - new))
+                sbuf[g, j] = p
+                tot += p
+            rsum[g] = rsum[g] * corr + tot
+            rmax[g] = new
+            for d in range(D):
+                acc[g, d] *= corr
+        _load_rows(pool, pool_f32, blk, rv * D, n_valid * D, kind, lut, scale_off0 + rv * gs, group, kbuf)
+        for j in range(n_valid):
+            for g in range(G):
+                p = sbuf[g, j]
+                for d in range(D):
+                    acc[g, d] += p * kbuf[j * D + d]
+    for g in range(G):
+        pmax[task, g] = rmax[g]
+        psum[task, g] = rsum[g]
+        for d in range(D):
+            pacc[task, g, d] = acc[g, d]
+
+
+@kernel
+def _merge(pmax, psum, pacc, n_splits, KVH, out):
+    """out[m, h] = the splits' partial results combined (flash-decoding reduction)."""
+    M, H, D = out.shape
+    G = H // KVH
+    for mk in range(M * KVH):
+        m = mk // KVH
+        h0 = (mk % KVH) * G
+        t0 = mk * n_splits
+        for g in range(G):
+            mx = pmax[t0, g]
+            for s in range(1, n_splits):
+                mx = max(mx, pmax[t0 + s, g])
+            den = np.float32(0.0)
+            for d in range(D):
+                out[m, h0 + g, d] = 0.0
+            for s in range(n_splits):
+                w = np.float32(np.exp(pmax[t0 + s, g] - mx))
+                den += w * psum[t0 + s, g]
+                for d in range(D):
+                    out[m, h0 + g, d] += w * pacc[t0 + s, g, d]
+            inv = np.float32(1.0) / den
+            for d in range(D):
+                out[m, h0 + g, d] *= inv
+
+
+@parallel_kernel
+def paged_attention_parallel(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
+                             scale, n_splits, out):
+    """q [M, H, D] f32 rotated; table [blocks] int32; out [M, H, D] f32 (see module doc)."""
+    M, H, D = q.shape
+    n_tasks = M * KVH * n_splits
+    pmax = np.empty((n_tasks, H // KVH), np.float32)  # [task, G]
+    psum = np.empty((n_tasks, H // KVH), np.float32)  # [task, G]
+    pacc = np.empty((n_tasks, H // KVH, D), np.float32)  # [task, G, D]
+    for task in prange(n_tasks):
+        _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
+              n_splits, task, pmax, psum, pacc)
+    _merge(pmax, psum, pacc, n_splits, KVH, out)
+
+
+@kernel
+def paged_attention_serial(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
+                           scale, n_splits, out):
+    """Same as paged_attention_parallel on the calling thread."""
+    M, H, D = q.shape
+    n_tasks = M * KVH * n_splits
+    pmax = np.empty((n_tasks, H // KVH), np.float32)
+    psum = np.empty((n_tasks, H // KVH), np.float32)
+    pacc = np.empty((n_tasks, H // KVH, D), np.float32)
+    for task in range(n_tasks):
+        _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
+              n_splits, task, pmax, psum, pacc)
+    _merge(pmax, psum, pacc, n_splits, KVH, out)
+
+
+_SERIAL_WORK = 1 << 17  # multiply-adds below which a pool launch costs more than it saves
+_BLOCKS_PER_SPLIT = 4  # at least this many key blocks per split
+
+
+def n_splits_for(M: int, KVH: int, n_blocks: int, threads: int) -> int:
+    """Key-block splits per (row, kv head) so that the tasks fill ``threads`` evenly."""
+    if threads <= 1 or M * KVH >= 2 * threads:
+        return 1
+    want = -(-4 * threads // (M * KVH))
+    step = threads // np.gcd(M * KVH, threads)
+    want = -(-want // step) * step
+    return max(1, min(want, n_blocks // _BLOCKS_PER_SPLIT))
+
+
+def paged_attention(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale, out,
+                    threads: int = 1):
+    """Dispatch: serial for small work, else split over the thread pool."""
+    M, H, D = q.shape
+    n_keys = n_past + M
+    work = M * H * D * n_keys * 2
+    n_blocks = (n_keys + bs - 1) // bs
+    if work < _SERIAL_WORK or threads <= 1:
+        paged_attention_serial(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
+                               scale, 1, out)
+    else:
+        n_splits = n_splits_for(M, KVH, n_blocks, threads)
+        paged_attention_parallel(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
+                                 scale, n_splits, out)
+
+
+@kernel
+def store_rows(pool, table, layer, kv, bs, pos0, src):
+    """pool[...] <- src  # [M, KVH, D] (uint16 f16 bits or f32, the pool's dtype), positions pos0.."""
+    M, KVH, D = src.shape
+    for m in range(M):
+        p = pos0 + m
+        blk = table[p // bs]
+        j = p % bs
+        for h in range(KVH):
+            off = (((layer * 2 + kv) * KVH + h) * bs + j) * D
+            for d in range(D):
+                pool[blk, off + d] = src[m, h, d]
+
+
+@kernel
+def store_rows_int8(pool, pool_f32, scale_off0, group, table, layer, kv, bs, pos0, src):
+    """Quantize src  # [M, KVH, D] f32 to int8 with one f32 scale per ``group`` values
+    (llama.cpp's q8_0 rule: d = max|x| / 127, q = round(x / d))."""
+    M, KVH, D = src.shape
+    gs = D // group
+    for m in range(M):
+        p = pos0 + m
+        blk = table[p // bs]
+        j = p % bs
+        for h in range(KVH):
+            r = ((layer * 2 + kv) * KVH + h) * bs + j
+            for g in range(gs):
+                amax = np.float32(0.0)
+                for d in range(g * group, (g + 1) * group):
+                    amax = max(amax, abs(src[m, h, d]))
+                dsc = amax / np.float32(127.0)
+                inv = np.float32(1.0) / dsc if dsc > 0 else np.float32(0.0)
+                pool_f32[blk, scale_off0 + r * gs + g] = dsc
+                for d in range(g * group, (g + 1) * group):
+                    v = src[m, h, d] * inv
+                    iv = np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)
+                    pool[blk, r * D + d] = min(127, max(-127, iv))

@@ -1,0 +1,239 @@
+"""One sequence's view of the KV pool: its block table, tokens, prefix ids.
+
+Token position t lives in block ``table[t // block_size]`` at slot ``t % block_size``.
+The sequence is the cache object ``Transformer.forward`` takes:
+
+    prepare(ids)                 room check, copy-on-write of a shared tail block, new blocks
+    store(layer, pos0, k, v)     k, v  # [M, kv_head, head_dim] f32 -> the pool's storage type
+    attention(layer, q, n_past, scale, out)
+    finish(ids)                  n_tokens += M; index blocks that became full (prefix sharing)
+    truncate(n)                  rollback: drop every position >= n (whole blocks go back)
+
+``prepare`` raises OutOfMemoryError before any compute when the pool cannot commit a
+block; the sequence is then exactly as it was, and other sequences are unaffected.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..errors import ContextLengthError, OutOfMemoryError
+from ..kernels.paged_attention import paged_attention, store_rows, store_rows_int8
+from ..kernels.tables import F16_TO_F32
+from .pool import KVPool
+from .prefix import PrefixCache
+
+
+class PagedSequence:
+    def __init__(self, pool: KVPool, n_ctx: int, prefix: PrefixCache | None = None, name: str = "sequence 0"):
+        self.pool, self.prefix, self.name = pool, prefix, name
+        self.n_ctx = int(n_ctx)
+        self.block_size = bs = pool.block_size
+        self.table = np.zeros(max(1, -(-self.n_ctx // bs)), np.int32)  # [block slot] pool block ids
+        self.n_blocks = 0  # table[:n_blocks] are held (refcount taken)
+        self.ids: list[int | None] = []  # [block slot] prefix id of the (full) block, None if not indexed
+        self.tokens: list[int] = []  # token id at each position (-1: written without a token id)
+        self._n = 0
+        self._indexed = 0  # ids[:_indexed] are all set
+
+    # ------------------------------------------------------------------ size
+    @property
+    def n_tokens(self) -> int:
+        return self._n
+
+    @n_tokens.setter
+    def n_tokens(self, n: int) -> None:
+        """Set the length directly (benchmarks that fill K/V with ``store``): grows with
+        unknown tokens, which are never indexed for sharing, or truncates."""
+        n = int(n)
+        if n <= self._n:
+            self.truncate(n)
+            return
+        self.check_room(n - self._n)
+        self._grow(n)
+        self.tokens.extend([-1] * (n - self._n))
+        self._n = n
+
+    @property
+    def itemsize(self) -> int:
+        return self.pool.data.itemsize
+
+    def block_addresses(self) -> list[int]:
+        return [self.pool.block_address(b) for b in self.table[:self.n_blocks]]
+
+    def check_room(self, n_new: int) -> None:
+        if self._n + n_new > self.n_ctx:
+            raise ContextLengthError(
+                f"context full: {self._n} + {n_new} tokens exceed the context length {self.n_ctx}")
+
+    # ------------------------------------------------------------------ blocks
+    def _grow(self, n_tokens: int) -> None:
+        """Hold enough blocks for ``n_tokens``; all or nothing."""
+        need = -(-n_tokens // self.block_size)
+        got = []
+        try:
+            while self.n_blocks + len(got) < need:
+                got.append(self.pool.allocate(self.name))
+        except OutOfMemoryError:
+            for b in reversed(got):
+                self.pool.release(b)
+            raise
+        for b in got:
+            self.table[self.n_blocks] = b
+            self.ids.append(None)
+            self.n_blocks += 1
+
+    def _shared(self, block: int) -> bool:
+        return self.pool.refcount[block] > 1 or (self.prefix is not None and self.prefix.is_registered(block))
+
+    def _release(self, block: int) -> None:
+        self.pool.release(block, keep_cached=self.prefix is not None and self.prefix.is_registered(block))
+
+    def _make_writable(self, pos: int) -> None:
+        """Copy-on-write: the block holding ``pos`` becomes this sequence's own."""
+        i = pos // self.block_size
+        if i >= self.n_blocks:
+            return
+        old = int(self.table[i])
+        if not self._shared(old):
+            return
+        new = self.pool.allocate(self.name)
+        self.pool.copy_block(old, new)
+        self._release(old)
+        self.table[i] = new
+        self.ids[i] = None
+        self._indexed = min(self._indexed, i)
+        if self.prefix is not None:
+            self.prefix.stats.cow_copies += 1
+
+    # ------------------------------------------------------------------ forward protocol
+    def prepare(self, ids) -> None:
+        m = len(ids)
+        self.check_room(m)
+        self._make_writable(self._n)
+        self._grow(self._n + m)
+
+    def store(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v  # [M, n_kv_head, head_dim] f32 for positions pos0 .. pos0+M-1"""
+        end = pos0 + k.shape[0]
+        if end > self.n_blocks * self.block_size:
+            self._grow(end)
+        p, table = self.pool, self.table[:self.n_blocks]
+        for kv, src in ((0, k), (1, v)):
+            if p.kind == 1:
+                store_rows(p.data, table, layer, kv, self.block_size, pos0, src.astype(np.float16).view(np.uint16))
+            elif p.kind == 0:
+                store_rows(p.data, table, layer, kv, self.block_size, pos0, np.ascontiguousarray(src, np.float32))
+            else:
+                store_rows_int8(p.data, p.data_f32, p.scale_offset, p.group, table, layer, kv, self.block_size,
+                                pos0, np.ascontiguousarray(src, np.float32))
+
+    def read(self, layer: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v)  # [stop - start, n_kv_head, head_dim] f32 copies of positions start..stop-1
+        (tests and benchmarks; not a fast path)."""
+        p, bs = self.pool, self.block_size
+        KVH, D = p.n_kv_head, p.head_dim
+        out = np.empty((2, max(0, stop - start), KVH, D), np.float32)  # [kv, token, kv_head, D]
+        for t in range(start, stop):
+            blk, j = int(self.table[t // bs]), t % bs
+            for kv in (0, 1):
+                rows = ((layer * 2 + kv) * KVH + np.arange(KVH)) * bs + j  # [KVH] row ids
+                raw = p.data[blk, (rows[:, None] * D + np.arange(D)).ravel()].reshape(KVH, D)
+                if p.kind == 1:
+                    out[kv, t - start] = raw.view(np.float16)
+                elif p.kind == 0:
+                    out[kv, t - start] = raw
+                else:
+                    gs = D // p.group
+                    sc = p.data_f32[blk, p.scale_offset + (rows[:, None] * gs + np.arange(gs)).ravel()]
+                    out[kv, t - start] = raw * np.repeat(sc.reshape(KVH, gs), p.group, axis=1)
+        return out[0], out[1]
+
+    def attention(self, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray) -> None:
+        """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1"""
+        p = self.pool
+        paged_attention(q, p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, self.table[:self.n_blocks],
+                        layer, p.n_kv_head, self.block_size, n_past, np.float32(scale), out,
+                        threads=numba.get_num_threads())
+
+    def finish(self, ids) -> None:
+        self.tokens.extend(int(t) for t in ids)
+        self._n += len(ids)
+        self._index_full_blocks()
+
+    def _index_full_blocks(self) -> None:
+        if self.prefix is None:
+            return
+        bs = self.block_size
+        for i in range(self._indexed, self._n // bs):
+            if self.ids[i] is not None:
+                self._indexed = i + 1
+                continue
+            chunk = tuple(self.tokens[i * bs:(i + 1) * bs])
+            parent = self.ids[i - 1] if i else 0
+            if parent is None or min(chunk) < 0:
+                return
+            self.ids[i] = self.prefix.register(parent, chunk, int(self.table[i]))
+            self._indexed = i + 1
+
+    # ------------------------------------------------------------------ rollback, sharing
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every position >= n_tokens (rollback); whole blocks past it go back."""
+        n = max(0, min(int(n_tokens), self._n))
+        keep = -(-n // self.block_size)
+        for i in range(self.n_blocks - 1, keep - 1, -1):  # tail first: the LRU keeps heads longest
+            self._release(int(self.table[i]))
+        self.n_blocks = keep
+        del self.ids[keep:]
+        if n % self.block_size:
+            self.ids[n // self.block_size] = None  # a partial block is not a full prefix any more
+        del self.tokens[n:]
+        self._n = n
+        self._indexed = min(self._indexed, n // self.block_size)
+
+    def clear(self) -> None:
+        self.truncate(0)
+
+    free = clear
+
+    def adopt_prefix(self, tokens: list[int], max_tokens: int | None = None) -> int:
+        """Start this (empty) sequence with the longest indexed prefix of ``tokens`` (at most
+        ``max_tokens``); returns the number of tokens whose K/V are now shared."""
+        if self.prefix is None:
+            return 0
+        if self._n:
+            raise ValueError("adopt_prefix needs an empty sequence")
+        limit = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
+        blocks, bids = self.prefix.match(tokens, limit)
+        self.prefix.stats.lookups += 1
+        for i, (b, bid) in enumerate(zip(blocks, bids)):
+            self.pool.retain(b)
+            self.table[i] = b
+            self.ids.append(bid)
+        self.n_blocks = len(blocks)
+        n = min(len(blocks) * self.block_size, limit)
+        self.tokens = [int(t) for t in tokens[:n]]
+        self._n = n
+        if n % self.block_size:
+            self.ids[-1] = None
+        self._indexed = n // self.block_size
+        self.prefix.stats.hit_blocks += len(blocks)
+        self.prefix.stats.hit_tokens += n
+        return n
+
+    def fork(self, name: str) -> "PagedSequence":
+        """A new sequence sharing every block of this one (copy-on-write on divergence)."""
+        other = PagedSequence(self.pool, self.n_ctx, self.prefix, name)
+        for b in self.table[:self.n_blocks]:
+            self.pool.retain(int(b))
+        other.table[:self.n_blocks] = self.table[:self.n_blocks]
+        other.n_blocks, other.ids, other.tokens, other._n = self.n_blocks, list(self.ids), list(self.tokens), self._n
+        other._indexed = self._indexed
+        return other
+
+    def __del__(self):
+        try:
+            self.clear()
+        except Exception:
+            pass

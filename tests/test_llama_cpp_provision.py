@@ -1,4 +1,5 @@
-"""Tests for perf/llama_cpp.py (llama.cpp provisioning for comparisons).
+"""Tests for llcinfer.bench.llama_cpp (llama.cpp provisioning for comparisons) and its
+command-line wrapper perf/llama_cpp.py.
 
 Everything here runs without a llama.cpp build except the one test marked
 ``llamacpp``, which is skipped unless a config has been built.
@@ -6,7 +7,6 @@ Everything here runs without a llama.cpp build except the one test marked
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import stat
@@ -20,16 +20,7 @@ import pytest
 _MODULE_PATH = Path(__file__).resolve().parents[1] / "perf" / "llama_cpp.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("perf_llama_cpp", _MODULE_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lc = _load()
+from llcinfer.bench import llama_cpp as lc  # noqa: E402
 
 ZEN4_FLAGS = set(
     "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 bmi2 avx512f avx512dq avx512cd "

@@ -25,10 +25,12 @@ def _register():
     from .generate import generate
     from .chat import chat
     from .models import models
+    from .bench import bench
 
     cli.add_command(generate)
     cli.add_command(chat)
     cli.add_command(models)
+    cli.add_command(bench)
 
 
 def main(argv=None):

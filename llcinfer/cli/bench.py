@@ -1,0 +1,96 @@
+"""``llcinfer bench``: TPOT side by side with llama.cpp (llama-bench's tests and method).
+
+    llcinfer bench -m smollm2-135m --threads 2 -p 512 -n 128 --depth 0,4096 -r 5 \\
+        --vs llama.cpp --json out.json --plot out.png
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..errors import UsageError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _int_list(value: str, what: str, minimum: int) -> list[int]:
+    try:
+        out = [int(x) for x in str(value).replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise UsageError(f"{what} must be a comma-separated list of integers (got {value!r})") from None
+    if not out or min(out) < minimum:
+        raise UsageError(f"{what} must be integers >= {minimum} (got {value!r})")
+    return list(dict.fromkeys(out))
+
+
+@click.command()
+@click.option("--model", "-m", "models", multiple=True, help="Catalog name or .gguf path (repeatable).")
+@click.option("--threads", "-t", default="2", show_default=True, help="Thread counts, e.g. 1,2.")
+@click.option("--n-prompt", "-p", type=int, default=512, show_default=True, help="Prompt test tokens (0: skip pp).")
+@click.option("--n-gen", "-n", type=int, default=128, show_default=True, help="Generation test tokens (0: skip tg).")
+@click.option("--depth", "-d", default="0", show_default=True, help="KV depths for tg, e.g. 0,4096,8192.")
+@click.option("--repetitions", "-r", type=int, default=5, show_default=True, help="Timed repetitions per test.")
+@click.option("--vs", type=click.Choice(["llama.cpp", "none"]), default="none", show_default=True,
+              help="Engine to compare with.")
+@click.option("--llama-bench", "llama_bench_path", default=None, help="Use this llama-bench binary instead of ours.")
+@click.option("--build-llama-cpp", is_flag=True, help="Build llama.cpp (native, portable) first if missing.")
+@click.option("--alternate", type=click.Choice(["rep", "block"]), default="rep", show_default=True,
+              help="rep: A B A B per repetition; block: all of ours, then llama-bench -r R.")
+@click.option("--fill", type=click.Choice(["auto", "real", "synthetic"]), default="auto", show_default=True,
+              help="How our KV depth is filled (auto: real unless it would exceed --fill-limit).")
+@click.option("--fill-limit", type=float, default=1200.0, show_default=True,
+              help="Seconds a real depth fill may take in auto mode before it turns synthetic.")
+@click.option("--json", "json_path", default=None, help="Write the results as JSON here.")
+@click.option("--plot", "plot_path", default=None, help="Write a TPOT-vs-depth PNG here (needs matplotlib).")
+def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_path, build_llama_cpp,
+          alternate, fill, fill_limit, json_path, plot_path):
+    """Measure prompt (ppP) and generation (tgN @ dD) speed, optionally against llama.cpp."""
+    from ..bench import llama_bench, machine, report
+    from ..bench.compare import BenchSettings, log, run_bench
+
+    thread_list = _int_list(threads, "--threads", 1)
+    depths = _int_list(depth, "--depth", 0)
+    if n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
+        raise UsageError("-p and -n must be >= 0 and not both 0")
+    if repetitions < 1:
+        raise UsageError("-r must be >= 1")
+    if plot_path:
+        from ..bench.plot import require_matplotlib
+
+        require_matplotlib()
+    if (llama_bench_path or build_llama_cpp) and vs != "llama.cpp":
+        vs = "llama.cpp"  # asking for a llama.cpp binary implies the comparison
+    settings = BenchSettings(models=list(models) or [DEFAULT_MODEL], threads=thread_list, n_prompt=n_prompt,
+                             n_gen=n_gen, depths=depths, reps=repetitions, alternate=alternate, fill=fill,
+                             fill_limit_s=fill_limit)
+    builds = {}
+    if vs == "llama.cpp":
+        builds, notes = llama_bench.find_builds(llama_bench_path, build=build_llama_cpp, log=log)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+    info = machine.machine_info(thread_list)
+    vers = machine.versions(next(iter(builds.values()), None))
+    vers["llama.cpp builds"] = {b: str(p) for b, p in builds.items()}
+    meta = {**settings.__dict__, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    records: list = []
+    interrupted = False
+    try:
+        run_bench(settings, builds, records)
+    except KeyboardInterrupt:
+        interrupted = True
+        click.echo("interrupted: reporting the tests that finished", err=True)
+    report.mark_anchors(records)
+    if records:
+        click.echo(report.markdown_table(records))
+    if json_path:
+        report.write_json(json_path, info, vers, meta, records, interrupted=interrupted)
+        click.echo(f"wrote {json_path}", err=True)
+    if plot_path and any(r.kind == "tg" and r.tpot_ms for r in records):
+        from ..bench.plot import plot_tpot
+
+        plot_tpot(records, plot_path, title=f"{info['cpu_model']}, llcinfer {vers['llcinfer']} vs llama.cpp")
+        click.echo(f"wrote {plot_path}", err=True)
+    if interrupted:
+        raise KeyboardInterrupt

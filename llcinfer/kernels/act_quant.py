@@ -46,69 +46,8 @@ def _half_bits(bits):
     return np.uint16(half)
 
 
-@kernel
-def quantize_q8_0(x, lut, y):
-    """x, y  # [M, K] f32, K % 32 == 0;  y = Q8_0-rounded x (y may alias x)"""
-    M, K = x.shape
-    scratch = np.empty(1, np.float32)  # [1] to reinterpret d's bits
-    scratch_bits = scratch.view(np.uint32)
-    for m in range(M):
-        for b in range(K // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[m, 32 * b + j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            scratch[0] = d
-            d16 = lut[_half_bits(scratch_bits[0])]
-            for j in range(32):
-                y[m, 32 * b + j] = np.float32(np.round(x[m, 32 * b + j] * inv)) * d16
-
-
-@kernel
-def quantize_q8_k(x, y):
-    """x, y  # [M, K] f32, K % 256 == 0;  y = Q8_K-rounded x (y may alias x)"""
-    M, K = x.shape
-    for m in range(M):
-        for b in range(K // 256):
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for j in range(256):
-                a = abs(x[m, 256 * b + j])
-                if a > amax:
-                    amax = a
-                    vmax = x[m, 256 * b + j]
-            if amax == 0:
-                for j in range(256):
-                    y[m, 256 * b + j] = 0.0
-                continue
-            iscale = np.float32(-127.0) / vmax
-            d = np.float32(1.0) / iscale
-            for j in range(256):
-                q = min(np.float32(127.0), np.float32(np.rint(iscale * x[m, 256 * b + j])))
-                y[m, 256 * b + j] = q * d
-
-
-def quantize_activations(x: np.ndarray, kind: int) -> np.ndarray:
-    """A copy of x  # [M, K] f32 rounded the way llama.cpp feeds it to a weight of ``kind``."""
-    if kind == ACT_F32:
-        return x
-    y = np.empty_like(x)
-    if kind == ACT_Q8_0:
-        quantize_q8_0(x, F16_TO_F32, y)
-    elif kind == ACT_Q8_K:
-        quantize_q8_k(x, y)
-    elif kind == ACT_F16:
-        y[...] = x.astype(np.float16)
-    else:  # BF16: round to nearest even on the top 16 bits
-        bits = x.view(np.uint32)
-        y.view(np.uint32)[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000)
-    return y
-
-
-# ------------------------------------------------------------------ int8 form (SIMD paths)
-# The same rounding as quantize_q8_0 / quantize_q8_k, kept as integers for dot-product
-# instructions:  value = q * scale  exactly as the float form above.
+# The integer form (what the SIMD dot-product kernels consume); the float form used by the
+# generic kernels and the exact-f32 comparisons is q * scale (quantize_activations).
 @kernel
 def quantize_q8_0_int(x, lut, q, d, s):
     """x  # [M, K] f32, K % 32 == 0  ->  q  # [M, K] int8,  d  # [M, K/32] f32 (the f16 scale),
@@ -181,3 +120,18 @@ def quantize_activations_int(x: np.ndarray, kind: int):
     else:
         raise ValueError(f"no integer form for activation kind {kind}")
     return q, d, s
+
+
+def quantize_activations(x: np.ndarray, kind: int) -> np.ndarray:
+    """A copy of x  # [M, K] f32 rounded the way llama.cpp feeds it to a weight of ``kind``."""
+    if kind == ACT_F32:
+        return x
+    if kind in (ACT_Q8_0, ACT_Q8_K):
+        q, d, _ = quantize_activations_int(x, kind)
+        M, K = x.shape
+        nb = d.shape[1]
+        return (q.reshape(M, nb, K // nb).astype(np.float32) * d[:, :, None]).reshape(M, K)
+    if kind == ACT_F16:
+        return x.astype(np.float16).astype(np.float32)
+    bits = x.view(np.uint32)  # BF16: round to nearest even on the top 16 bits
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)

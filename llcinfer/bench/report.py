@@ -39,7 +39,7 @@ def tpot_ratio(ours_tps: float | None, llama_tps: float | None) -> float | None:
 
 
 def kv_bytes_read(n_layer: int, n_kv_head: int, head_dim: int, context: float, elem_bytes: int = 4) -> float:
-    """K and V bytes one decode step reads at ``context`` cached tokens (our cache: f32)."""
+    """K and V bytes one decode step reads at ``context`` cached tokens of ``elem_bytes`` each."""
     return 2.0 * n_layer * context * n_kv_head * head_dim * elem_bytes
 
 

@@ -39,7 +39,9 @@ PROMPTS = [
 def llama_cpp_greedy(binary: str, model: str, prompt: str, n: int, threads: int) -> str:
     cmd = [binary, "-m", model, "-p", prompt, "-n", str(n), "-no-cnv", "--temp", "0", "--top-k", "1",
            "--ignore-eos", "--no-warmup", "--simple-io", "--no-display-prompt", "-t", str(threads), "-c", "512"]
-    out = subprocess.run(cmd, capture_output=True, timeout=300)
+    from llcinfer.kernels.jit import child_env
+
+    out = subprocess.run(cmd, capture_output=True, timeout=300, env=child_env())
     if out.returncode != 0:
         raise RuntimeError(f"llama-completion exited {out.returncode}: {out.stderr.decode()[-300:]}")
     text = out.stdout.decode("utf-8", errors="replace")

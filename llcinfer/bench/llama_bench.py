@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..kernels.jit import child_env
 from . import llama_cpp
 
 
@@ -68,7 +69,8 @@ def run(exe: str | os.PathLike, model: str | os.PathLike, threads: int, n_prompt
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
            "-d", str(depth), "-r", str(reps), "-o", "json", *(extra or [])]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, errors="replace")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, errors="replace",
+                              env=child_env())
     except subprocess.TimeoutExpired:
         return LlamaBenchRun("failed", message=f"timed out after {timeout:.0f} s")
     except OSError as exc:

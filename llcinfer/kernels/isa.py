@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..errors import UsageError
+
 ISAS = ("avx512vnni", "avxvnni", "avx2", "generic")
 
 
@@ -61,7 +63,7 @@ def select_isa(name: str | None = None) -> str:
     if want is None:
         return avail[0]
     if want not in ISAS:
-        raise ValueError(f"LLCINFER_ISA={want!r}: expected one of {', '.join(ISAS)}")
+        raise UsageError(f"LLCINFER_ISA={want!r}: expected one of {', '.join(ISAS)}")
     if want not in avail:
         warnings.warn(f"LLCINFER_ISA={want}: this CPU cannot run it; using {avail[0]}", RuntimeWarning, stacklevel=2)
         return avail[0]

@@ -1,0 +1,7 @@
+"""The dependency-driven decode executor (see decode.py, program.py, step_kernel.py)."""
+
+from .decode import DecodeExecutor, Domains, unsupported_reason
+from .program import Tiles
+from .workers import ExecutorError, WorkerPool
+
+__all__ = ["DecodeExecutor", "Domains", "Tiles", "ExecutorError", "WorkerPool", "unsupported_reason"]

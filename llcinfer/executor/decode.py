@@ -1,0 +1,186 @@
+"""DecodeExecutor: one decode step (one token for each of M sequences) on pinned workers
+synchronised by data-dependency counters (step_kernel.py), instead of one thread-pool
+launch, and its barrier, per operator.
+
+Plan before compute: the packed matrices, biases and norms are gathered once; the
+program (program.py) and the activation buffers are built once per (rows, splits) shape
+and reused for every token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import typed
+
+from ..errors import UnsupportedModelError
+from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
+from ..kernels.paged_attention import n_splits_for
+from ..kernels.simd import lanes, make_tag
+from ..kernels.tables import F16_TO_F32
+from .atomics import COUNTER_STRIDE
+from .program import Program, Shapes, Tiles, build_program
+from .step_kernel import run_worker
+from .workers import ExecutorError, WorkerPool
+
+_KIND_BIT = {ACT_Q8_0: 1, ACT_Q8_K: 2}  # activation kind -> bit of a prologue's mask
+_KIND_INDEX = {ACT_Q8_0: 0, ACT_Q8_K: 1}
+
+
+@dataclass(frozen=True)
+class Domains:
+    """Worker cores: the weight domain, and the attention domain (empty: shared)."""
+
+    weight: tuple
+    attention: tuple = ()
+    micro_batches: int = 1
+    tiles: Tiles = Tiles()
+
+    @property
+    def cores(self) -> list:
+        return list(self.weight) + list(self.attention)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the executor cannot run this model (None: it can)."""
+    if not model.llama_rounding:
+        return "exact-f32 numerics run on the simple path"
+    w = model.weights
+    lins = [m for lw in w.layers for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)] + [w.output]
+    if not all(lin.simd for lin in lins):
+        return "a weight matrix has no SIMD kernel"
+    if len({lin.isa for lin in lins}) != 1:
+        return "weight matrices on different ISA paths"
+    if model.config.head_dim % lanes(lins[0].isa):
+        return "head_dim is not a multiple of the vector lanes"
+    return None
+
+
+class DecodeExecutor:
+    def __init__(self, model, domains: Domains):
+        why = unsupported_reason(model)
+        if why:
+            raise UnsupportedModelError(f"executor: {why}")
+        c, w = model.config, model.weights
+        self.model, self.domains = model, domains
+        self.config = c
+        lins = [[lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down] for lw in w.layers] + [[w.output]]
+        self.isa = lins[0][0].isa
+        self.tag = make_tag(self.isa)
+        self.mats = typed.List([lin.prepare() for group in lins for lin in group])  # packed [groups, bytes]
+        flat = [lin for group in lins for lin in group]
+        self.mat_qt = np.array([int(lin.qtype) for lin in flat], np.int64)  # [n_mats]
+        self.mat_kind = np.array([_KIND_INDEX[lin.act_kind] for lin in flat], np.int64)  # [n_mats]
+        ids, k = [], 0
+        for group in lins:
+            ids.append(tuple(range(k, k + len(group))))
+            k += len(group)
+
+        def mask(*ls) -> int:  # the activation kinds a prologue must produce
+            return sum({_KIND_BIT[x.act_kind] for x in ls})
+
+        masks = [(mask(lw.wq, lw.wk, lw.wv), mask(lw.wo), mask(lw.w_gate, lw.w_up), mask(lw.w_down)) for lw in w.layers]
+        masks.append(mask(w.output))
+        self.shapes = Shapes(c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.d_ff, c.vocab_size,
+                             lanes(self.isa), tuple(ids), tuple(masks))
+        L, dq, dkv = c.n_layer, c.n_head * c.head_dim, c.n_kv_head * c.head_dim
+        self.attn_norm = np.stack([lw.attn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
+        self.ffn_norm = np.stack([lw.ffn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
+        self.has_bias = w.layers[0].bq is not None
+        zero = np.zeros((L, 1), np.float32)
+        self.bq = np.stack([lw.bq for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dq)).copy()
+        self.bk = np.stack([lw.bk for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dkv)).copy()
+        self.bv = np.stack([lw.bv for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dkv)).copy()
+        self.workers = WorkerPool(domains.cores)
+        n_w = len(domains.weight)
+        self._weight_ids = list(range(n_w))
+        self._attn_ids = list(range(n_w, n_w + len(domains.attention)))
+        self._programs: dict[tuple, Program] = {}
+        self._buffers: dict[tuple, dict] = {}
+        self.last_program: Program | None = None
+        self.model_block_size = 16
+
+    # ------------------------------------------------------------------ planning
+    def program(self, M: int, n_splits: int) -> Program:
+        key = (M, n_splits)
+        if key not in self._programs:
+            self._programs[key] = build_program(self.shapes, M, self._weight_ids, self._attn_ids, n_splits,
+                                                self.domains.micro_batches, self.domains.tiles)
+        return self._programs[key]
+
+    def buffers(self, M: int, n_splits: int) -> dict:
+        key = (M, n_splits)
+        if key not in self._buffers:
+            c = self.config
+            NW, H, KVH, D = self.workers.n, c.n_head, c.n_kv_head, c.head_dim
+            G, kmax = H // KVH, max(c.d_model, H * D, c.d_ff)
+            f32 = np.float32
+            self._buffers[key] = dict(
+                x=np.zeros((M, c.d_model), f32),  # [M, d] residual stream
+                hpriv=np.zeros((NW, M * kmax), f32),  # [worker, M*K] normed input, private
+                qpriv=np.zeros((NW, 2, M * kmax), np.int8),  # [worker, kind, M*K] int8 input
+                dpriv=np.zeros((NW, 2, M * kmax // 32 + 1), f32),  # [worker, kind, M*K/32] block scales
+                spriv=np.zeros((NW, 2, M * kmax // 16 + 1), np.int32),  # [worker, kind, M*K/16] block sums
+                qb=np.zeros((M, H * D), f32), kb=np.zeros((M, KVH * D), f32), vb=np.zeros((M, KVH * D), f32),
+                attn=np.zeros((M, H, D), f32),  # [M, H, D] attention output
+                gate=np.zeros((M, c.d_ff), f32), up=np.zeros((M, c.d_ff), f32), act=np.zeros((M, c.d_ff), f32),
+                ytmp=np.zeros((M, c.d_model), f32),  # [M, d] Wo / W_down tile outputs before the residual add
+                logits=np.zeros((M, c.vocab_size), f32),
+                pmax=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax max
+                psum=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax sum
+                pacc=np.zeros((M * KVH * n_splits, G, D), f32),  # [M*KVH*S, G, D] partial outputs
+            )
+        return self._buffers[key]
+
+    def n_splits(self, M: int, n_keys: int) -> int:
+        n_att = len(self._attn_ids) or self.workers.n
+        bs = self.model_block_size
+        return n_splits_for(M, self.config.n_kv_head, -(-n_keys // bs), n_att)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, seqs: list, tokens) -> np.ndarray:
+        """One token for each sequence; returns logits  # [M, vocab] (a copy)."""
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        M = len(seqs)
+        if ids.size != M or M == 0:
+            raise ValueError(f"executor step: {ids.size} tokens for {M} sequences")
+        c = self.config
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise ValueError(f"token id out of range [0, {c.vocab_size})")
+        pool = seqs[0].pool
+        if any(s.pool is not pool for s in seqs):
+            raise ValueError("executor step: every sequence must live in one KV pool")
+        if pool.kind not in (0, 1):
+            raise UnsupportedModelError("executor: int8 KV cache runs on the simple path")
+        for s, t in zip(seqs, ids):
+            s.prepare([t])
+        pos = np.array([s.n_tokens for s in seqs], np.int64)  # [M]
+        seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
+        nb = max(s.n_blocks for s in seqs)
+        tables = np.zeros((M, nb), np.int32)  # [M, blocks] pool block ids
+        for i, s in enumerate(seqs):
+            tables[i, :s.n_blocks] = s.table[:s.n_blocks]
+        self.model_block_size = pool.block_size
+        S = self.n_splits(M, int(pos.max()) + 1)
+        prog, b = self.program(M, S), self.buffers(M, S)
+        self.last_program = prog
+        b["x"][:] = self.model.weights.token_embd.get_rows(ids)
+        counters = np.zeros(prog.n_counters * COUNTER_STRIDE, np.int64)  # [counter * 8] one per cache line
+        m = self.model
+        args = (prog.ops, prog.order, counters, self.mats, self.mat_qt, self.mat_kind, self.tag,
+                b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"],
+                b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm, self.ffn_norm,
+                m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv, self.has_bias,
+                m.inv_freq, c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data, pool.data_f32,
+                pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"], b["psum"], b["pacc"])
+        codes = self.workers.run(lambda wid: run_worker(wid, *args), counters)
+        if any(codes):
+            raise ExecutorError("executor step aborted: a dependency wait timed out" if 2 in codes
+                                else "executor step aborted")
+        for s, t in zip(seqs, ids):
+            s.finish([int(t)])
+        return b["logits"].copy()
+
+    def close(self) -> None:
+        self.workers.close()

@@ -1,0 +1,256 @@
+"""The decode step as one numba call per worker: a static list of operators per worker,
+tiles claimed dynamically, synchronised on data-dependency counters (no barriers).
+
+An operator (a row of ``ops``) waits once for its input (``F_WAIT`` >= ``F_TARGET``),
+then each participating worker claims tiles with an atomic increment of ``F_CLAIM`` until
+none are left; every finished tile adds 1 to its ``F_DONE`` counter (or, for the q/k/v
+projections, to the counter of the KV head it belongs to), which is what consumers wait
+on.  A worker that claims a tile of a matmul first prepares its private copy of the input
+(RMSNorm + int8 quantization, or quantization only), so no hand-off is needed for it.
+
+Per layer, with G = H / KVH query heads per KV head:
+    QKV      tiles: per KV group j, [k_j, v_j, q_{jG} .. q_{jG+G-1}]   -> head_ready[j]
+    ROPE     tile j waits head_ready[j] == G + 2; bias, rope, KV append  -> rope_done[j]
+    ATTN     tile (m, j, s) waits rope_done[j]; S = 1: writes attn      -> attn_done
+             (S > 1: partial results)                                    -> parts_done
+    MERGE    (S > 1) waits parts_done == M*KVH*S; tile (m, j)            -> attn_done
+    WO       waits attn_done == M*KVH; x[:, rows] += attn Wo[rows].T     -> wo_done
+    GATE_UP  waits wo_done; act[:, rows] = silu(h Wg.T) * (h Wu.T)       -> gu_done
+    DOWN     waits gu_done; x[:, rows] += act Wd[rows].T                 -> down_done
+and at the end LM_HEAD (waits the last down_done): logits[:, rows].
+"""
+
+import numpy as np
+
+from ..kernels.activation import swiglu
+from ..kernels.jit import kernel
+from ..kernels.fused import norm_quant, quant_rows, rope_append
+from ..kernels.paged_attention import _task as attention_task
+from ..kernels.vnni_matmul import _group
+from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, sched_yield
+
+# operator kinds
+QKV, ROPE, ATTN, MERGE, WO, GATE_UP, DOWN, LM_HEAD, FAIL = 0, 1, 2, 3, 4, 5, 6, 7, 99
+# fields of an operator row
+(F_KIND, F_LAYER, F_NTILES, F_TILE, F_WAIT, F_TARGET, F_CLAIM, F_DONE, F_TWAIT, F_TTARGET,
+ F_MAT0, F_MAT1, F_MAT2, F_KMASK, F_LANES) = range(15)
+N_FIELDS = 15
+# counter 0: abort flag (0 running, 1 a worker failed, 2 a wait timed out)
+ABORT = 0
+SPINS_BEFORE_YIELD = 2000
+YIELDS_BEFORE_TIMEOUT = 20_000_000  # several seconds: only a bug gets there
+
+
+@kernel
+def wait_for(counters, c, target):
+    """Spin (then yield) until counter c >= target; False if the step was aborted."""
+    if c < 0:
+        return True
+    n = 0
+    while atomic_load(counters, c * COUNTER_STRIDE) < target:
+        if atomic_load(counters, ABORT) != 0:
+            return False
+        n += 1
+        if n < SPINS_BEFORE_YIELD:
+            cpu_relax()
+        else:
+            sched_yield()
+            if n > YIELDS_BEFORE_TIMEOUT:
+                atomic_store(counters, ABORT, 2)
+                return False
+    return True
+
+
+@kernel
+def signal(counters, c):
+    atomic_add(counters, c * COUNTER_STRIDE, 1)
+
+
+@kernel
+def claim(counters, c):
+    return atomic_add(counters, c * COUNTER_STRIDE, 1)
+
+
+@kernel
+def _matmul_rows(mats, mat_qt, mat_kind, mat, g0, g1, xq, xd, xs, y, tag):
+    """y[:, g0 W : g1 W] = x @ W[rows].T on the worker's quantized input (kind of W)."""
+    kd = mat_kind[mat]
+    w = mats[mat]
+    for g in range(g0, min(g1, w.shape[0])):
+        _group(mat_qt[mat], w[g], g, xq[kd], xd[kd], xs[kd], y, tag)
+
+
+@kernel
+def _views(qpriv, dpriv, spriv, wid, M, K):
+    """This worker's int8 input buffers seen as [M, K] (kind 0 Q8_0, kind 1 Q8_K)."""
+    q0 = qpriv[wid, 0, :M * K].reshape((M, K))
+    q1 = qpriv[wid, 1, :M * K].reshape((M, K))
+    d0 = dpriv[wid, 0, :M * (K // 32)].reshape((M, K // 32))
+    d1 = dpriv[wid, 1, :M * (K // 256)].reshape((M, K // 256))
+    s0 = spriv[wid, 0, :M * (K // 32)].reshape((M, K // 32))
+    s1 = spriv[wid, 1, :M * (K // 16)].reshape((M, K // 16))
+    return (q0, q1), (d0, d1), (s0, s1)
+
+
+@kernel
+def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], order [workers, max_ops]
+               mats, mat_qt, mat_kind, tag,  # weights: packed matrices and their types
+               x, hpriv, qpriv, dpriv, spriv,  # x [M, d] residual; private [workers, ...] inputs
+               qb, kb, vb, attn, gate, up, act, ytmp, logits,  # activations (see model.forward)
+               attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias,  # norms [L, d], biases [L, ...]
+               inv_freq, neox, round_q, lut, pos, seq, tables,  # rope; rows' positions / sequences
+               pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale,  # paged KV pool
+               pmax, psum, pacc):  # attention partials [M*KVH*S, G(, D)]
+    """Run worker ``wid``'s operators for one step; returns 0, or the abort code.
+
+    Each operator works on its micro-batch's rows [m0, m1) (fields F_M0, F_M1 after the
+    N_FIELDS of the table), so the activation arrays are sliced per operator.
+    """
+    d_model = x.shape[1]
+    H, D = attn.shape[1], attn.shape[2]
+    KVH = kb.shape[1] // D
+    G = H // KVH
+    for i in range(order.shape[1]):
+        o = order[wid, i]
+        if o < 0:
+            break
+        kind = ops[o, F_KIND]
+        layer = ops[o, F_LAYER]
+        n_tiles = ops[o, F_NTILES]
+        if kind == FAIL:
+            raise RuntimeError("injected task failure")
+        if not wait_for(counters, ops[o, F_WAIT], ops[o, F_TARGET]):
+            return atomic_load(counters, ABORT)
+        m0 = ops[o, N_FIELDS]
+        m1 = ops[o, N_FIELDS + 1]
+        M = m1 - m0
+        xu, qu, ku, vu, au = x[m0:m1], qb[m0:m1], kb[m0:m1], vb[m0:m1], attn[m0:m1]
+        gu, uu, actu, yu, lu = gate[m0:m1], up[m0:m1], act[m0:m1], ytmp[m0:m1], logits[m0:m1]
+        posu, sequ = pos[m0:m1], seq[m0:m1]
+        prepared = False
+        while True:
+            t = claim(counters, ops[o, F_CLAIM])
+            if t >= n_tiles:
+                break
+            if kind == QKV:
+                if not prepared:
+                    xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, d_model)
+                    norm_quant(xu, attn_norm[layer], eps, hpriv[wid, :M * d_model].reshape((M, d_model)),
+                               ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                    prepared = True
+                j = t // (G + 2)
+                r = t % (G + 2)
+                gph = D // ops[o, F_LANES]  # vector groups per head
+                if r == 0:
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT1], j * gph, (j + 1) * gph, xq, xd, xs, ku, tag)
+                elif r == 1:
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT2], j * gph, (j + 1) * gph, xq, xd, xs, vu, tag)
+                else:
+                    h = j * G + r - 2
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], h * gph, (h + 1) * gph, xq, xd, xs, qu, tag)
+                signal(counters, ops[o, F_DONE] + j)
+            elif kind == ROPE:
+                if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):
+                    return atomic_load(counters, ABORT)
+                rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ, inv_freq,
+                            neox, round_q, lut, pool, kv_kind, tables, layer, KVH, bs)
+                signal(counters, ops[o, F_DONE] + t)
+            elif kind == ATTN:
+                S = ops[o, F_TILE]
+                m = m0 + t // (KVH * S)
+                j = (t // S) % KVH
+                if not wait_for(counters, ops[o, F_TWAIT] + j, ops[o, F_TTARGET]):
+                    return atomic_load(counters, ABORT)
+                base = m * KVH * S
+                tl = t % (KVH * S)
+                q3 = qb[m:m + 1].reshape((1, H, D))
+                attention_task(q3, pool, pool_f32, lut, kv_kind, kv_group, kv_scale_off, tables[seq[m]], layer, KVH,
+                               bs, pos[m], scale, S, tl, pmax[base:], psum[base:], pacc[base:])
+                if S == 1:  # normalise here (what the merge does for one split)
+                    for g in range(G):
+                        inv = np.float32(1.0) / psum[base + tl, g]
+                        for dd in range(D):
+                            attn[m, j * G + g, dd] = pacc[base + tl, g, dd] * inv
+                signal(counters, ops[o, F_DONE])
+            elif kind == MERGE:
+                S = ops[o, F_TILE]
+                _merge_one(pmax, psum, pacc, m0 + t // KVH, t % KVH, S, KVH, attn)
+                signal(counters, ops[o, F_DONE])
+            else:
+                if not prepared:
+                    if kind == WO:
+                        K = H * D
+                        xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K)
+                        quant_rows(au.reshape((M, H * D)), ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                    elif kind == GATE_UP:
+                        K = d_model
+                        xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K)
+                        norm_quant(xu, ffn_norm[layer], eps, hpriv[wid, :M * K].reshape((M, K)),
+                                   ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                    elif kind == DOWN:
+                        K = actu.shape[1]
+                        xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K)
+                        quant_rows(actu, ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                    else:  # LM_HEAD
+                        K = d_model
+                        xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K)
+                        norm_quant(xu, out_norm, eps, hpriv[wid, :M * K].reshape((M, K)),
+                                   ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                    prepared = True
+                W = ops[o, F_TILE]  # rows per tile, a multiple of the lanes
+                lanes = ops[o, F_LANES]
+                g0 = t * (W // lanes)
+                g1 = g0 + W // lanes
+                r0 = t * W
+                if kind == WO or kind == DOWN:
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, yu, tag)
+                    r1 = min(r0 + W, d_model)
+                    for m in range(M):
+                        for r in range(r0, r1):
+                            xu[m, r] += yu[m, r]
+                elif kind == GATE_UP:
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, gu, tag)
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT1], g0, g1, xq, xd, xs, uu, tag)
+                    r1 = min(r0 + W, gu.shape[1])
+                    swiglu(gu[:, r0:r1], uu[:, r0:r1], actu[:, r0:r1])
+                elif kind == LM_HEAD:
+                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, lu, tag)
+                else:
+                    raise RuntimeError("unknown operator kind")
+                signal(counters, ops[o, F_DONE])
+    return 0
+
+
+@kernel
+def _merge_one(pmax, psum, pacc, m, j, S, KVH, out):
+    """out[m, heads of group j] = the S partial results combined (flash-decoding merge)."""
+    G = pmax.shape[1]
+    D = out.shape[2]
+    t0 = (m * KVH + j) * S
+    for g in range(G):
+        mx = pmax[t0, g]
+        for s in range(1, S):
+            mx = max(mx, pmax[t0 + s, g])
+        den = np.float32(0.0)
+        h = j * G + g
+        for dd in range(D):
+            out[m, h, dd] = 0.0
+        for s in range(S):
+            w = np.float32(np.exp(pmax[t0 + s, g] - mx))
+            den += w * psum[t0 + s, g]
+            for dd in range(D):
+                out[m, h, dd] += w * pacc[t0 + s, g, dd]
+        inv = np.float32(1.0) / den
+        for dd in range(D):
+            out[m, h, dd] *= inv
+
+
+@kernel
+def wait_job(counters, slot, target, spins):
+    """Spin up to ``spins`` times for counter ``slot`` to reach target (a new step); the
+    caller blocks on an Event when this returns False."""
+    for _ in range(spins):
+        if atomic_load(counters, slot * COUNTER_STRIDE) >= target:
+            return True
+        cpu_relax()
+    return False

@@ -1,0 +1,132 @@
+"""Persistent worker threads pinned to cores: post a job, every worker runs it, wait.
+
+Worker 0 is the calling thread (pinned to its core for the duration of the job, its
+affinity restored after), workers 1.. are daemon threads pinned once at start.  Between
+jobs a worker spins briefly on the job counter (``wait_job``: a token step follows the
+previous one within microseconds when decoding) and then blocks on an Event, so idle
+workers burn no core between requests.
+
+A job is ``fn(wid) -> int`` (0 on success, else an abort code).  If a worker raises, the
+step's abort counter is set so the others leave their waits, and ``run`` raises
+ExecutorError naming the worker; the pool stays usable for the next job.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from ..errors import LLCInferError
+from .atomics import COUNTER_STRIDE
+from .step_kernel import ABORT, wait_job
+
+SPINS = 20_000  # PAUSEs a worker spins for the next job before it blocks (~0.1-1 ms)
+
+
+class ExecutorError(LLCInferError):
+    """A worker of the executor failed; the step's results are invalid."""
+
+
+def _pin(core: int | None) -> set[int] | None:
+    """Pin the calling thread to ``core``; returns its previous affinity (None: not pinned)."""
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {core})
+        return before
+    except OSError:
+        return None
+
+
+class WorkerPool:
+    """``len(cores)`` workers; ``cores[w]`` is worker w's core (None: not pinned)."""
+
+    def __init__(self, cores: list[int | None]):
+        if not cores:
+            raise ValueError("a worker pool needs at least one worker")
+        self.cores = list(cores)
+        self.n = len(cores)
+        self._gen = np.zeros(COUNTER_STRIDE, np.int64)  # [8] job generation, slot 0
+        self._events = [threading.Event() for _ in range(self.n)]
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._remaining = 0
+        self._job = None
+        self._abort = None  # the current job's counters (to set the abort flag)
+        self._errors: list[tuple[int, BaseException]] = []
+        self._results = [0] * self.n
+        self._stop = False
+        self._threads = [threading.Thread(target=self._loop, args=(w,), name=f"llcinfer-worker-{w}", daemon=True)
+                         for w in range(1, self.n)]
+        for t in self._threads:
+            t.start()
+
+    def _execute(self, wid: int) -> None:
+        try:
+            self._results[wid] = int(self._job(wid))
+        except BaseException as e:  # noqa: BLE001 - reported to the caller of run()
+            self._errors.append((wid, e))
+            if self._abort is not None:
+                self._abort[ABORT] = 1
+
+    def _loop(self, wid: int) -> None:
+        _pin(self.cores[wid])
+        seen = 0
+        ev = self._events[wid]
+        while True:
+            target = seen + 1
+            if not wait_job(self._gen, 0, target, SPINS):
+                while self._gen[0] < target and not self._stop:
+                    ev.wait()
+                    ev.clear()
+            if self._stop:
+                return
+            seen = target
+            self._execute(wid)
+            with self._lock:
+                self._remaining -= 1
+                last = self._remaining == 0
+            if last:
+                self._done.set()
+
+    def run(self, job, counters: np.ndarray | None = None) -> list[int]:
+        """Run ``job(wid)`` on every worker; returns their codes.  ``counters``: the step's
+        counter array, whose abort flag is raised if a worker throws."""
+        if self._stop:
+            raise ExecutorError("the worker pool was shut down")
+        self._job, self._abort, self._errors = job, counters, []
+        self._results = [0] * self.n
+        self._remaining = self.n - 1
+        self._done.clear()
+        self._gen[0] += 1
+        for ev in self._events[1:]:
+            ev.set()
+        before = _pin(self.cores[0])
+        try:
+            self._execute(0)
+        finally:
+            if before is not None:
+                os.sched_setaffinity(0, before)
+        if self.n > 1:
+            self._done.wait()
+        if self._errors:
+            wid, err = self._errors[0]
+            raise ExecutorError(f"executor worker {wid} failed: {type(err).__name__}: {err}") from err
+        return list(self._results)
+
+    def close(self) -> None:
+        self._stop = True
+        self._gen[0] += 1 << 40
+        for ev in self._events:
+            ev.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass

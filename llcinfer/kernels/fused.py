@@ -1,0 +1,96 @@
+"""Fused decode-step operators used by the executor's tasks.
+
+    norm_quant:   h = rmsnorm(x) * w, then h quantized to int8 blocks (Q8_0 and/or Q8_K)
+    quant_only:   the same quantization without the norm (the input of Wo and W_down)
+    rope_append:  for the heads of one KV group: + bias, RoPE on q and k, q rounded to f16
+                  (llama.cpp's f16 Q), k and v stored in the paged pool at each row's position
+
+Each works on whole rows of a small batch (M decode rows), single-threaded: the executor
+runs several of them at once on different data.
+"""
+
+import numpy as np
+
+from .act_quant import _half_bits, quantize_q8_0_int, quantize_q8_k_int
+from .jit import kernel
+from .norm import rms_norm
+
+
+@kernel
+def quant_rows(h, kmask, lut, q0, d0, s0, q1, d1, s1):
+    """h  # [M, K] f32 -> (q0, d0, s0) Q8_0 if kmask & 1, (q1, d1, s1) Q8_K if kmask & 2."""
+    if kmask & 1:
+        quantize_q8_0_int(h, lut, q0, d0, s0)
+    if kmask & 2:
+        quantize_q8_k_int(h, q1, d1, s1)
+
+
+@kernel
+def norm_quant(x, w, eps, h, kmask, lut, q0, d0, s0, q1, d1, s1):
+    """h = rmsnorm(x) * w  # [M, K], then quant_rows(h)."""
+    rms_norm(x, w, eps, h)
+    quant_rows(h, kmask, lut, q0, d0, s0, q1, d1, s1)
+
+
+@kernel
+def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, inv_freq, neox, round_q, lut,
+                pool, kind, tables, layer, KVH, bs):
+    """The KV group ``kvh`` of every row m:  q heads kvh*G .. kvh*G+G-1 and k/v head kvh.
+
+    q  # [M, H*D], k, v  # [M, KVH*D] f32 (projections, rotated here in place)
+    bq # [H*D], bk, bv  # [KVH*D] biases (has_bias)
+    lut  # [65536] f16 bits -> f32 (round_q: q = f16(q))
+    pos, seq  # [M] position and sequence of each row;  tables  # [n_seq, blocks] int32
+    pool  # [block, elems]: f16 bits (kind 1) or f32 (kind 0), layout of kv/pool.py
+    """
+    M = q.shape[0]
+    half = D // 2
+    scratch = np.empty(1, np.float32)  # [1] f32 <-> bits
+    ko = kvh * D
+    for m in range(M):
+        p = pos[m]
+        if has_bias:
+            for d in range(D):
+                k[m, ko + d] += bk[ko + d]
+                v[m, ko + d] += bv[ko + d]
+            for g in range(G):
+                qo = (kvh * G + g) * D
+                for d in range(D):
+                    q[m, qo + d] += bq[qo + d]
+        for i in range(half):
+            theta = np.float64(p) * inv_freq[i]
+            c = np.float32(np.cos(theta))
+            s = np.float32(np.sin(theta))
+            ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            for hh in range(G + 1):
+                if hh < G:
+                    o = (kvh * G + hh) * D
+                    a = q[m, o + ia]
+                    b = q[m, o + ib]
+                    q[m, o + ia] = a * c - b * s
+                    q[m, o + ib] = a * s + b * c
+                else:
+                    a = k[m, ko + ia]
+                    b = k[m, ko + ib]
+                    k[m, ko + ia] = a * c - b * s
+                    k[m, ko + ib] = a * s + b * c
+        if round_q:
+            for g in range(G):
+                qo = (kvh * G + g) * D
+                for d in range(D):
+                    scratch[0] = q[m, qo + d]
+                    q[m, qo + d] = lut[_half_bits(scratch.view(np.uint32)[0])]
+        table = tables[seq[m]]
+        blk = table[p // bs]
+        slot = p % bs
+        off_k = (((layer * 2 + 0) * KVH + kvh) * bs + slot) * D
+        off_v = (((layer * 2 + 1) * KVH + kvh) * bs + slot) * D
+        for d in range(D):
+            if kind == 1:
+                scratch[0] = k[m, ko + d]
+                pool[blk, off_k + d] = _half_bits(scratch.view(np.uint32)[0])
+                scratch[0] = v[m, ko + d]
+                pool[blk, off_v + d] = _half_bits(scratch.view(np.uint32)[0])
+            else:
+                pool[blk, off_k + d] = k[m, ko + d]
+                pool[blk, off_v + d] = v[m, ko + d]

@@ -21,6 +21,7 @@ from .engine import Engine, GenerationStats
 from .kv import KV_TYPES
 from .errors import ChatTemplateError, ModelFileError, UsageError
 from .gguf_file import GGUFFile
+from .executor import default_domains
 from .kernels import set_threads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -78,6 +79,7 @@ class LLM:
         self.model_path = catalog.resolve_model(model, progress=progress)
         self.gguf = GGUFFile(self.model_path)
         self.model = Transformer(self.gguf, llama_rounding=numerics == "llama.cpp")
+        self.executor_note = self.model.use_executor(default_domains(self.threads))
         self.config = self.model.config
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         if self.tokenizer.vocab_size != self.config.vocab_size:

@@ -208,7 +208,7 @@ class Engine:
                     continue
                 live.append([i, seq, Sampler(params, vocab), list(prompt), logits])
             while live:
-                still = []
+                still, going = [], []
                 for st in live:
                     i, seq, sampler, history, logits = st
                     res = results[i]
@@ -224,23 +224,46 @@ class Engine:
                             stop = "length"
                         elif seq.n_tokens >= self.n_ctx:
                             stop = "context"
-                    if not stop:
-                        t0 = time.perf_counter()
-                        try:
-                            st[4] = self.model.forward([token], seq)
-                        except OutOfMemoryError as e:
-                            res.error, stop = e, "error"
-                        res.stats.generation_seconds += time.perf_counter() - t0  # decode steps only
                     if stop:
                         res.stop_reason = res.stats.stop_reason = stop
                         seq.free()
                     else:
-                        still.append(st)
+                        going.append((st, token))
+                if going:  # one decode step for every live sequence (batched when possible)
+                    t0 = time.perf_counter()
+                    failed = self._decode_round(going)
+                    dt = time.perf_counter() - t0
+                    for st, _ in going:
+                        res = results[st[0]]
+                        res.stats.generation_seconds += dt  # each sequence waited for the whole step
+                        if id(st) in failed:
+                            res.error, res.stop_reason = failed[id(st)], "error"
+                            res.stats.stop_reason = "error"
+                            st[1].free()
+                        else:
+                            still.append(st)
                 live = still
         finally:
             for seq in seqs:
                 seq.free()
         return results
+
+    def _decode_round(self, going: list) -> dict:
+        """Run one token for each (state, token) of ``going``; stores the logits in each
+        state; returns {id(state): error} for the sequences that ran out of KV memory."""
+        try:
+            logits = self.model.decode_batch([t for _, t in going], [st[1] for st, _ in going])
+            for (st, _), row in zip(going, logits):
+                st[4] = row
+            return {}
+        except OutOfMemoryError:  # find which ones fail, one at a time
+            failed = {}
+            for st, token in going:
+                try:
+                    st[4] = self.model.forward([token], st[1])
+                except OutOfMemoryError as e:
+                    failed[id(st)] = e
+            return failed
 
     # -- post-process -------------------------------------------------------------------
     def stream_text(self, prompt: list[int], params: SamplingParams) -> Iterator[str]:

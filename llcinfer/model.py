@@ -44,6 +44,41 @@ class Transformer:
         # Round matmul inputs to 8-bit blocks and K/V/Q to f16 as llama.cpp does (greedy
         # output then agrees with it except at near-ties); False keeps exact float32.
         self.llama_rounding = bool(llama_rounding)
+        self.executor = None  # DecodeExecutor for one-token steps (use_executor), else the simple path
+
+    def use_executor(self, domains=None) -> str | None:
+        """Run decode steps on the dependency-driven executor with ``domains`` (None: stop
+        using it).  Returns why it cannot be used (None when it is).  LLCINFER_EXECUTOR=0
+        keeps the simple path."""
+        import os
+
+        from .executor import DecodeExecutor, unsupported_reason
+
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+        if domains is None:
+            return None
+        if os.environ.get("LLCINFER_EXECUTOR", "1") == "0":
+            return "disabled by LLCINFER_EXECUTOR=0"
+        why = unsupported_reason(self)
+        if why is None:
+            self.executor = DecodeExecutor(self, domains)
+        return why
+
+    def _executor_for(self, caches) -> bool:
+        ex = self.executor
+        return (ex is not None and all(isinstance(c, PagedSequence) and c.pool.kind in (0, 1) for c in caches)
+                and len({id(c.pool) for c in caches}) == 1)
+
+    def decode_batch(self, tokens, caches: list) -> np.ndarray:
+        """One token for each sequence (tokens[i] continues caches[i]); logits # [M, vocab].
+        One executor step for all of them when possible, else one forward each."""
+        if len(tokens) != len(caches):
+            raise ValueError(f"decode_batch: {len(tokens)} tokens for {len(caches)} sequences")
+        if self._executor_for(caches):
+            return self.executor.step(caches, tokens)
+        return np.stack([self.forward([t], c) for t, c in zip(tokens, caches)])
 
     @property
     def default_kv_type(self) -> str:
@@ -84,6 +119,9 @@ class Transformer:
             raise ValueError("forward() needs at least one token")
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise ValueError(f"token id out of range [0, {c.vocab_size})")
+        if M == 1 and self._executor_for([cache]):
+            logits = self.executor.step([cache], ids)
+            return logits if all_logits else logits[0]
         cache.prepare(ids)  # room check; blocks committed (OutOfMemoryError before any compute)
         pos0 = cache.n_tokens
         positions = np.arange(pos0, pos0 + M, dtype=np.int64)  # [M]

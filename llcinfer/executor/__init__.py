@@ -1,7 +1,8 @@
 """The dependency-driven decode executor (see decode.py, program.py, step_kernel.py)."""
 
-from .decode import DecodeExecutor, Domains, unsupported_reason
+from .decode import DecodeExecutor, Domains, default_domains, physical_cores, unsupported_reason
 from .program import Tiles
 from .workers import ExecutorError, WorkerPool
 
-__all__ = ["DecodeExecutor", "Domains", "Tiles", "ExecutorError", "WorkerPool", "unsupported_reason"]
+__all__ = ["DecodeExecutor", "Domains", "Tiles", "ExecutorError", "WorkerPool", "default_domains", "physical_cores",
+           "unsupported_reason"]

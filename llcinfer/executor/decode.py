@@ -42,6 +42,31 @@ class Domains:
         return list(self.weight) + list(self.attention)
 
 
+def physical_cores(cpus=None) -> list[int]:
+    """One logical CPU per physical core among ``cpus`` (default: this process's affinity),
+    in order; SMT siblings come after all first threads."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    first, rest, seen = [], [], set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                key = f.read().strip()
+        except OSError:
+            key = str(cpu)
+        (rest if key in seen else first).append(cpu)
+        seen.add(key)
+    return first + rest
+
+
+def default_domains(threads: int) -> Domains:
+    """One shared domain on ``threads`` distinct physical cores (the planner refines this)."""
+    cores = physical_cores()
+    n = max(1, min(int(threads), len(cores)))
+    return Domains(weight=tuple(cores[:n]))
+
+
 def unsupported_reason(model) -> str | None:
     """Why the executor cannot run this model (None: it can)."""
     if not model.llama_rounding:
@@ -184,3 +209,9 @@ class DecodeExecutor:
 
     def close(self) -> None:
         self.workers.close()
+
+    def __del__(self):  # the pool's threads keep it alive, not this object
+        try:
+            self.workers.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass

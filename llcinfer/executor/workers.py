@@ -112,6 +112,7 @@ class WorkerPool:
                 os.sched_setaffinity(0, before)
         if self.n > 1:
             self._done.wait()
+        self._job = self._abort = None  # drop the step's arrays
         if self._errors:
             wid, err = self._errors[0]
             raise ExecutorError(f"executor worker {wid} failed: {type(err).__name__}: {err}") from err

@@ -1,0 +1,140 @@
+"""The dependency-driven executor: equal to the simple path, no deadlock or lost wake-up,
+errors propagate and leave it usable."""
+
+import numpy as np
+import pytest
+
+from llcinfer.executor import DecodeExecutor, Domains, ExecutorError, Tiles, WorkerPool, unsupported_reason
+from llcinfer.executor.graph import Graph, barrier_ns, chain, handoff_ns
+from llcinfer.executor.step_kernel import F_KIND, FAIL
+from llcinfer.gguf_file import GGUFFile
+from llcinfer.model import Transformer
+from tiny_models import isolated_runtime, write_tiny_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime(tmp_path_factory):
+    with isolated_runtime(tmp_path_factory.mktemp("llcinfer_home")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exec_models")
+    made = {}
+
+    def get(qtype="Q8_0", **kw):
+        key = (qtype, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = write_tiny_model(root / f"m{len(made)}.gguf", qtype=qtype, **kw)
+        return made[key]
+
+    return get
+
+
+def _prefilled(model, prompts, n_ctx=96):
+    pool, prefix = model.new_pool(n_ctx, len(prompts), prefix_sharing=False)
+    from llcinfer.kv import PagedSequence
+
+    seqs = [PagedSequence(pool, n_ctx, None, f"s{i}") for i in range(len(prompts))]
+    for s, p in zip(seqs, prompts):
+        model.forward(p, s)
+    return seqs
+
+
+DOMAINS = [Domains(weight=(None,)), Domains(weight=(None, None)), Domains(weight=(None,), attention=(None,)),
+           Domains(weight=(None, None), attention=(None,), micro_batches=2, tiles=Tiles(16, 32, 16, 64))]
+
+
+@pytest.mark.parametrize("qtype,arch", [("Q8_0", "llama"), ("Q4_1", "qwen2"), ("Q4_K", "llama"), ("Q6_K", "qwen2")])
+@pytest.mark.parametrize("dom", range(len(DOMAINS)))
+def test_executor_equals_simple_path(tiny, qtype, arch, dom):
+    """The simple path's logits (to float rounding: fastmath may order the RMSNorm sums
+    differently where it is inlined) and its greedy tokens, for 1 and 3 sequences."""
+    path = tiny(qtype, arch=arch) if arch == "llama" else tiny(qtype, arch=arch)
+    ref = Transformer(GGUFFile(path))
+    fast = Transformer(GGUFFile(path))
+    assert unsupported_reason(fast) is None
+    ex = DecodeExecutor(fast, DOMAINS[dom])
+    prompts = [[1, 5, 9], [2, 7, 11, 13, 17], [3]]
+    for n_seq in (1, 3):
+        ref_seqs, fast_seqs = _prefilled(ref, prompts[:n_seq]), _prefilled(fast, prompts[:n_seq])
+        toks = [4] * n_seq
+        for _ in range(5):
+            want = np.stack([ref.forward([t], s) for t, s in zip(toks, ref_seqs)])
+            got = ex.step(fast_seqs, toks)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+            assert np.argmax(got, axis=1).tolist() == np.argmax(want, axis=1).tolist()
+            assert [s.n_tokens for s in fast_seqs] == [s.n_tokens for s in ref_seqs]
+            toks = [int(np.argmax(r)) for r in want]
+    ex.close()
+
+
+def test_executor_attention_splits_match_merge(tiny):
+    """Long-context splits (partials + merge tasks) agree with one split to rounding."""
+    path = tiny("Q8_0")
+    m = Transformer(GGUFFile(path))
+    ex = DecodeExecutor(m, Domains(weight=(None, None)))
+    seqs = _prefilled(m, [list(range(1, 90))], n_ctx=128)
+    fork = seqs[0].fork("copy")
+    one = ex.step(seqs, [5])
+    ex.n_splits = lambda M, n_keys: 3  # force 3 key-block splits per head
+    three = ex.step([fork], [5])
+    assert ex.last_program.n_splits == 3
+    np.testing.assert_allclose(three, one, rtol=1e-4, atol=1e-4)
+    ex.close()
+
+
+def test_worker_failure_propagates_and_pool_stays_usable(tiny):
+    path = tiny("Q8_0")
+    m = Transformer(GGUFFile(path))
+    ex = DecodeExecutor(m, Domains(weight=(None, None)))
+    seqs = _prefilled(m, [[1, 2, 3]])
+    good = ex.step(seqs, [4])
+    prog = ex.program(1, 1)
+    saved = prog.ops.copy()
+    prog.ops[len(prog.ops) // 2, F_KIND] = FAIL  # a task in the middle raises
+    with pytest.raises(ExecutorError, match="worker .* failed: RuntimeError: injected task failure"):
+        ex.step(seqs, [4])
+    prog.ops[:] = saved
+    seqs[0].truncate(3)
+    assert np.array_equal(ex.step(seqs, [4]), good)
+    ex.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_random_graphs_no_deadlock(workers):
+    """Random DAGs (oversubscribed too: up to 4 workers on 2 cores) give the sequential
+    values; every run is bounded by the waits' timeout, so a deadlock fails, not hangs."""
+    pool = WorkerPool([None] * workers)
+    rng = np.random.default_rng(workers)
+    for _ in range(30 if workers <= 2 else 8):
+        g = Graph(int(rng.integers(1, 400)), workers, float(rng.uniform(0.0, 0.6)), rng, max_work=20)
+        np.testing.assert_array_equal(g.run(pool), g.sequential_values())
+    pool.close()
+
+
+def test_many_short_jobs_no_lost_wakeup():
+    """Thousands of back-to-back and spaced jobs: every worker runs every job once."""
+    import time
+
+    pool = WorkerPool([None, None, None])
+    counts = np.zeros(3, np.int64)
+
+    def job(wid):
+        counts[wid] += 1
+        return 0
+
+    for i in range(3000):
+        pool.run(job)
+        if i % 500 == 0:
+            time.sleep(0.01)  # let the workers fall back to blocking
+    assert counts.tolist() == [3000, 3000, 3000]
+    pool.close()
+
+
+def test_sync_microbenchmark_runs():
+    pool = WorkerPool([None, None])
+    assert chain(10, 2).run(pool).tolist() == list(range(1, 11))
+    assert handoff_ns(pool, n=500, reps=1) > 0 and barrier_ns(pool, rounds=500, reps=1) > 0
+    pool.close()

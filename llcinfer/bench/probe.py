@@ -41,6 +41,14 @@ def _sum_chunks(a2, n_chunks, passes):
     return part.sum()
 
 
+@parallel_kernel
+def _fill(a2, value):
+    """a2[:] = value, rows split over the thread pool (the page faults run in parallel)."""
+    for r in numba.prange(a2.shape[0]):
+        for j in range(LANES):
+            a2[r, j] = value
+
+
 def read_bandwidth(n_bytes: int, threads: int, runs: int = 7, min_seconds: float = 0.05) -> float:
     """Median read bandwidth in bytes/s over ``runs`` passes of a ``n_bytes`` working set.
 
@@ -49,6 +57,12 @@ def read_bandwidth(n_bytes: int, threads: int, runs: int = 7, min_seconds: float
     """
     rows = max(64, int(n_bytes) // (4 * LANES))
     a = np.random.default_rng(0).random((rows, LANES), dtype=np.float32)  # [rows, LANES], committed
+    return _timed_rate(a, threads, runs, min_seconds)
+
+
+def _timed_rate(a: np.ndarray, threads: int, runs: int, min_seconds: float, best: bool = False) -> float:
+    """Median (``best``: highest) bytes/s of ``_sum_chunks`` over ``a`` [rows, LANES] on
+    ``threads`` threads."""
     set_threads(threads)
     chunks = 4 * threads  # several chunks per thread: one slow core does not stall the rest
     inner = max(1, (64 << 20) // a.nbytes)  # passes per call
@@ -63,4 +77,25 @@ def read_bandwidth(n_bytes: int, threads: int, runs: int = 7, min_seconds: float
             if dt >= min_seconds:
                 break
         rates.append(passes * a.nbytes / dt)
-    return float(np.median(rates))
+    return float(np.max(rates) if best else np.median(rates))
+
+
+def read_bandwidth_curve(sizes, threads, runs: int = 5, min_seconds: float = 0.03) -> list[tuple[int, int, float]]:
+    """Best read bandwidth of ``runs`` for every working-set size in ``sizes`` (bytes) and
+    thread count in ``threads``: [(working_set_bytes, threads, bytes/s)].  The best, not the
+    median: on a shared host it is the closest to what the machine can do.
+
+    One array of the largest size is allocated once (filled in parallel, so committed)
+    and each size reads a prefix of it, so a whole curve costs a few seconds.
+    """
+    sizes = sorted(int(s) for s in sizes)
+    rows_max = max(64, sizes[-1] // (4 * LANES))
+    big = np.empty((rows_max, LANES), np.float32)  # [rows_max, LANES]
+    set_threads(max(threads))
+    _fill(big, np.float32(1.0))
+    out = []
+    for t in threads:
+        for n in sizes:
+            a = big[: max(64, n // (4 * LANES))]
+            out.append((int(a.nbytes), int(t), _timed_rate(a, int(t), runs, min_seconds, best=True)))
+    return out

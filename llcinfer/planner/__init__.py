@@ -1,0 +1,20 @@
+"""The resource-domain planner: a model of the machine (machine.py, bandwidth.py), of the
+work of one decode step (workload.py), an analytical TPOT model (cost.py), and the plans it
+chooses between (plan.py, candidates.py), explained (explain.py).
+
+    m = detect_machine()                      # or load_topology("epyc-9684x")
+    w = workload_from_gguf(path, ctx=8192, concurrency=4)
+    plan = make_plan(m, w)
+    print(plan.explain())
+"""
+
+from .bandwidth import Rates, effective_llc_bytes, probe_curve, synthetic_curve
+from .cost import Calibration, Prediction, predict
+from .machine import CacheLevel, Machine, detect_machine
+from .plan import Domain, Placement, Plan, make_plan
+from .topology import list_topologies, load_topology
+from .workload import LAYER_OPS, Workload, workload_from_gguf, workload_from_model
+
+__all__ = ["CacheLevel", "Calibration", "Domain", "LAYER_OPS", "Machine", "Placement", "Plan", "Prediction",
+           "Rates", "Workload", "detect_machine", "effective_llc_bytes", "list_topologies", "load_topology",
+           "make_plan", "predict", "probe_curve", "synthetic_curve", "workload_from_gguf", "workload_from_model"]

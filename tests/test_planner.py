@@ -1,6 +1,6 @@
 """The resource-domain planner: machine detection, topology files, workloads, plan
 invariants on every shipped topology x the catalog models, the cost model's monotonicity,
-JSON round trips.  No bandwidth probe runs here except a tiny one."""
+JSON round trips and ``llcinfer plan``.  No bandwidth probe runs here except a tiny one."""
 
 import json
 import os
@@ -258,3 +258,46 @@ def test_calibration_save_and_load(tmp_path, monkeypatch):
     with open(path, "w") as fh:
         json.dump({"handoff_ns": 50, "not_a_field": 1}, fh)
     assert Calibration.load("k1") == Calibration(handoff_ns=50.0)
+
+
+# ---------------------------------------------------------------------------------------
+# command line
+
+
+def run_cli(capsys, *args):
+    from llcinfer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_cli_plan_on_topologies(capsys):
+    smol = real_model_path("smollm2-135m")
+    code, out, err = run_cli(capsys, "--model", smol, "--ctx", "8192", "--concurrency", "4",
+                             "--topology", "epyc-9684x")
+    assert code == 0, err
+    assert "AMD EPYC 9684X" in out and "predicted TPOT" in out and "runners-up:" in out
+    code, out, err = run_cli(capsys, "-m", smol, "--topology", "xeon-6980p", "--threads", "64", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["threads"] == 64 and sum(len(x["cores"]) for x in d["domains"]) == 64
+
+
+def test_cli_plan_on_this_machine_without_probe(capsys):
+    code, out, err = run_cli(capsys, "-m", real_model_path("smollm2-135m"), "--no-probe", "--ctx", "2048")
+    assert code == 0, err
+    assert out.startswith("machine: ") and "plan: " in out
+
+
+def test_cli_plan_errors(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    for text in ("{", '{"name": "x"}', '{"cpus": "0-3", "caches": [{"level": 3, "size": "1M", "instances": ["0-1"]}]}'):
+        bad.write_text(text)
+        code, out, err = run_cli(capsys, "--topology", str(bad), "-m", real_model_path("smollm2-135m"))
+        assert code == 2 and err.startswith("error: bad topology file") and err.count("\n") == 1, err
+    code, _, err = run_cli(capsys, "--topology", "no-such-machine")
+    assert code == 2 and "shipped topology" in err
+    code, _, err = run_cli(capsys, "--topology", "ci-2core", "--ctx", "0")
+    assert code == 2 and err.startswith("error:")

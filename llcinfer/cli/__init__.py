@@ -26,11 +26,13 @@ def _register():
     from .chat import chat
     from .models import models
     from .bench import bench
+    from .plan import plan
 
     cli.add_command(generate)
     cli.add_command(chat)
     cli.add_command(models)
     cli.add_command(bench)
+    cli.add_command(plan)
 
 
 def main(argv=None):

@@ -1,0 +1,53 @@
+"""``llcinfer plan``: the resource-domain plan for a model on this machine or a topology file."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import UsageError
+
+
+@click.command()
+@click.option("--model", "-m", default=None,
+              help="Catalog name or path to a .gguf file (default: smollm2-135m); only its header is read.")
+@click.option("--ctx", "-c", type=int, default=4096, show_default=True, help="Context length (KV tokens per sequence).")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="Sequences decoded together.")
+@click.option("--threads", "-t", type=int, default=None, help="Cores to plan for (default: all physical cores).")
+@click.option("--topology", default=None,
+              help="Plan for another machine: a shipped topology name or a topology JSON file.")
+@click.option("--kv-type", type=click.Choice(["f16", "int8", "f32"]), default="f16", show_default=True,
+              help="KV cache storage.")
+@click.option("--sync", type=click.Choice(["handoff", "barrier"]), default="handoff", show_default=True,
+              help="Predict with data-dependency hand-offs or operator barriers.")
+@click.option("--probe/--no-probe", default=True, show_default=True,
+              help="Measure this machine's read bandwidth if not cached (a few seconds, once).")
+@click.option("--reprobe", is_flag=True, help="Measure the read bandwidth again and replace the cached curve.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, as_json):
+    """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why."""
+    from .. import catalog
+    from ..planner import detect_machine, load_topology, make_plan, workload_from_gguf
+    from ..planner.bandwidth import curve_path, probe_curve, save_curve
+    from ..planner.workload import KV_ITEMSIZE
+
+    if ctx < 1 or concurrency < 1:
+        raise UsageError(f"--ctx and --concurrency must be at least 1 (got {ctx}, {concurrency})")
+    if topology is not None:
+        machine = load_topology(topology)
+    else:
+        machine = detect_machine()
+        if reprobe or (probe and machine.bandwidth_source == "estimated"):
+            if not as_json:
+                click.echo(f"measuring read bandwidth (cached in {curve_path(machine)})", err=True)
+            machine.bandwidth, machine.bandwidth_source = probe_curve(machine), "measured"
+            save_curve(machine, machine.bandwidth)
+    path = catalog.resolve_model(model, progress=not as_json)
+    work = workload_from_gguf(path, ctx=ctx, concurrency=concurrency, kv_itemsize=KV_ITEMSIZE[kv_type],
+                              name=model if model and not str(model).endswith(".gguf") else None)
+    best = make_plan(machine, work, threads=threads, sync=sync)
+    if as_json:
+        click.echo(best.to_json())
+        return
+    click.echo(best.explain())
+    if machine.bandwidth_source == "estimated":
+        click.echo("note: bandwidth curve estimated, not measured", err=True)

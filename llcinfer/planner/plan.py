@@ -196,16 +196,12 @@ def build(m: Machine, w: Workload, domains: list[Domain], kind: str, label: str,
         cap_l2 = len(d.cores) * rates.l2_core * cal.l2_usable_fraction
         groups = _weight_groups(w, d.layers, d.stage == last_stage)
         cap_llc = llc_share[d.name] - pollution[d.name]
-        if d.role == "shared":  # KV of its layers shares the cache: resident if it fits after weights
-            kv_need = kv_total * len(d.layers) / w.config.n_layer
-            probe = Domain(d.name, d.role, d.cores)
-            _fill(probe, groups, cap_l2, cap_llc)
-            used_llc = sum(nb for g, nb in probe.resident if probe.resident_level[g] == "LLC")
-            if kv_need > cap_llc - used_llc:
-                cap_llc -= cal.kv_pollution * min(cap_llc, kv_need)
-                kv_res = 0
-            else:
-                kv_res = kv_need
+        if d.role == "shared":  # the KV of its layers takes what the weights leave of the LLC;
+            kv_need = kv_total * len(d.layers) / w.config.n_layer  # what streams pollutes it
+            kv_res = min(kv_need, cap_llc - _llc_used(d, groups, cap_l2, cap_llc))
+            if kv_res < kv_need:
+                cap_llc -= cal.kv_pollution * min(cap_llc, kv_need - kv_res)
+                kv_res = max(0.0, min(kv_need, cap_llc - _llc_used(d, groups, cap_l2, cap_llc)))
         _fill(d, groups, cap_l2, cap_llc)
         if d.role == "shared":
             _set_kv(d, int(kv_need), int(kv_res))
@@ -223,6 +219,13 @@ def build(m: Machine, w: Workload, domains: list[Domain], kind: str, label: str,
                 rates={lvl: round(rates.read_gbs(lvl, plan_cores), 1) for lvl in Rates.LEVELS})
     plan.placement = _placement(m, plan)
     return plan
+
+
+def _llc_used(d: Domain, groups, cap_l2: float, cap_llc: float) -> int:
+    """LLC bytes the weight groups would take in ``d`` with these capacities."""
+    trial = Domain(d.name, d.role, d.cores)
+    _fill(trial, groups, cap_l2, cap_llc)
+    return sum(nb for g, nb in trial.resident if trial.resident_level[g] == "LLC")
 
 
 def _set_kv(d: Domain, need: int, res: int) -> None:

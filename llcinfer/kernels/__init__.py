@@ -20,7 +20,8 @@ from .isa import current_isa
 from .jit import default_threads, set_threads
 from .norm import rms_norm
 from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
-from .repack import SUPPORTED as _REPACK_TYPES, repack
+from .repack import SUPPORTED as _REPACK_TYPES
+from .repack_cache import packed as _packed_weights
 from .rope import rope_inplace
 from .simd import lanes, make_tag
 from .tables import BF16_TO_F32, F16_TO_F32
@@ -89,11 +90,12 @@ class Linear:
         return self._kind == "quant" and self._simd
 
     def prepare(self) -> np.ndarray | None:
-        """Repack the weights for the SIMD path (once); returns the packed array or None."""
+        """Repack the weights for the SIMD path (once); returns the packed array (read-only)
+        or None.  Weights of a GGUF file come from the on-disk cache of repack_cache.py."""
         if not self.simd:
             return None
         if self._packed is None:
-            self._packed = repack(self._w, int(self.qtype), self.cols, lanes(self.isa))
+            self._packed = _packed_weights(self._w, self.name, int(self.qtype), self.cols, lanes(self.isa))
         return self._packed
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None, llama_rounding: bool = False) -> np.ndarray:

@@ -30,6 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# Version of the packed layout above.  Bump it whenever repack() produces different bytes
+# for the same input (a layout change, a new field): repacked weights cached on disk
+# (repack_cache.py) with another version are rebuilt instead of being read.
+FORMAT_VERSION = 1
+
 Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 2, 3, 6, 8, 12, 14
 _RAW = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
 BLOCK_BYTES_PER_ROW = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q8_0: 34, Q4_K: 148, Q6_K: 210}
@@ -163,13 +168,17 @@ def _pack_rows(raw, qtype, W):
     return out.reshape(G, -1)
 
 
+def packed_shape(qtype: int, N: int, K: int, W: int) -> tuple[int, int]:
+    """Shape of repack()'s result for an [N, K] matrix: (ceil(N / W), (K / block) * block_bytes * W)."""
+    return -(-N // W), K // block_size(qtype) * BLOCK_BYTES_PER_ROW[qtype] * W
+
+
 def repack(w: np.ndarray, qtype: int, K: int, W: int, chunk_rows: int = 4096) -> np.ndarray:
     """w  # [N, row_bytes] uint8 GGML rows  ->  [ceil(N / W), (K / block) * block_bytes * W] uint8."""
     N = w.shape[0]
     block, tsize = _RAW[qtype]
     nb = K // block
-    G = -(-N // W)
-    out = np.empty((G, nb * BLOCK_BYTES_PER_ROW[qtype] * W), np.uint8)
+    out = np.empty(packed_shape(qtype, N, K, W), np.uint8)
     step = max(W, chunk_rows // W * W)
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)

@@ -1,0 +1,287 @@
+"""The on-disk cache of repacked weights (kernels/repack_cache.py).
+
+Tiny models are below the cache's size threshold, so every test lowers it
+(``MIN_FILE_SIZE``) and points the cache at a temporary directory.
+"""
+
+import errno
+import json
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from llcinfer.gguf_file import GGUFFile
+from llcinfer.kernels import Linear
+from llcinfer.kernels import isa as isa_mod
+from llcinfer.kernels import repack as rp
+from llcinfer.kernels import repack_cache as rc
+from llcinfer.kernels.simd import lanes
+from llcinfer.model import Transformer
+
+from tiny_models import QUANT_TYPES, fake_tensor, isolated_runtime, write_tiny_model
+
+SIMD_ISAS = [i for i in isa_mod.supported_isas() if i != "generic"]
+# one path per lane count: the layout depends on W only
+ISAS = list({lanes(i): i for i in reversed(SIMD_ISAS)}.values())
+
+pytestmark = pytest.mark.skipif(not SIMD_ISAS, reason="CPU without AVX2: nothing is repacked")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """The cache directory (empty), with the size threshold and free-space margin off."""
+    d = tmp_path / "repack"
+    monkeypatch.setenv("LLCINFER_REPACK_CACHE", str(d))
+    monkeypatch.setattr(rc, "MIN_FILE_SIZE", 0)
+    monkeypatch.setattr(rc, "MIN_FREE_BYTES", 0)
+    rc.clear()
+    with isolated_runtime(tmp_path / "home"):
+        yield d
+    rc.clear()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_models")
+    made = {}
+
+    def get(qtype="Q8_0", **kw):
+        key = (qtype, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = write_tiny_model(root / f"{qtype}-{len(made)}.gguf", qtype=qtype, **kw)
+        return made[key]
+
+    return get
+
+
+def packed_all(path, isa) -> dict[str, np.ndarray]:
+    """name -> Linear(...).prepare() for every repacked matrix of the model, as the forward
+    pass does (a fresh process: the open packs forgotten)."""
+    rc.clear()
+    f = GGUFFile(path)
+    tied = "output.weight" not in f.tensors
+    out = {}
+    for n, t in f.tensors.items():
+        if len(t.shape) == 2 and int(t.qtype) in rp.SUPPORTED and (n != "token_embd.weight" or tied):
+            out[n] = Linear(t, isa=isa).prepare()
+    return out
+
+
+def fresh(path, isa) -> dict[str, np.ndarray]:
+    f = GGUFFile(path)
+    W = lanes(isa)
+    return {n: rp.repack(t.data, int(t.qtype), t.shape[1], W) for n, t in f.tensors.items()
+            if len(t.shape) == 2 and int(t.qtype) in rp.SUPPORTED}
+
+
+def assert_same(got, want):
+    assert set(got) <= set(want) and got
+    for n, a in got.items():
+        assert a.dtype == np.uint8 and a.ndim == 2 and a.flags.c_contiguous and not a.flags.writeable
+        assert a.tobytes() == want[n].tobytes() and a.shape == want[n].shape, n
+
+
+def only_file(d):
+    files = sorted(os.listdir(d))
+    assert len(files) == 1 and files[0].endswith(".bin"), files
+    return d / files[0]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+def test_round_trip_equals_fresh_repack(models, cache, qtype, isa):
+    path = models(qtype)
+    want = fresh(path, isa)
+    built = packed_all(path, isa)  # no file yet: built and written
+    assert rc.STATS["built"] == 1 and rc.STATS["in_memory"] == 0
+    assert_same(built, want)
+    f = only_file(cache)
+    assert f.name.endswith(f"-w{lanes(isa)}.bin")
+    mapped = packed_all(path, isa)  # a second "process": mapped from the file
+    assert rc.STATS == {**rc.STATS, "built": 0, "in_memory": 0, "mapped": len(mapped)}
+    assert_same(mapped, want)
+    for a in mapped.values():
+        assert a.ctypes.data % rc.ALIGN == 0
+
+
+def test_each_lane_count_has_its_file(models, cache):
+    if len(ISAS) < 2:
+        pytest.skip("one lane count on this CPU")
+    for isa in ISAS:
+        packed_all(models("Q4_0"), isa)
+    assert len(os.listdir(cache)) == 2
+
+
+def _truncate(p):
+    with open(p, "r+b") as fh:
+        fh.truncate(os.path.getsize(p) - 100)
+
+
+def _flip_header_byte(p):
+    with open(p, "r+b") as fh:
+        fh.seek(40)
+        b = fh.read(1)
+        fh.seek(40)
+        fh.write(bytes([b[0] ^ 0x20]))
+
+
+def _garbage(p):
+    with open(p, "wb") as fh:
+        fh.write(os.urandom(5000))
+
+
+def _empty(p):
+    open(p, "wb").close()
+
+
+def _append(p):
+    with open(p, "ab") as fh:
+        fh.write(b"\0" * 64)
+
+
+def _bad_offset(p):
+    """A header that checks out (crc recomputed) with a tensor off its 64-byte boundary."""
+    with open(p, "rb") as fh:
+        magic, n, _ = rc._PREFIX.unpack(fh.read(rc._PREFIX.size))
+        head = json.loads(fh.read(n))
+        rest = fh.read()
+    head["tensors"][0]["offset"] += 1  # not on a 64-byte boundary
+    body = json.dumps(head, separators=(",", ":")).encode()
+    assert len(body) <= n
+    body = body.ljust(n)
+    with open(p, "wb") as fh:
+        fh.write(rc._PREFIX.pack(magic, n, zlib.crc32(body)) + body + rest)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_header_byte, _garbage, _empty, _append, _bad_offset])
+def test_damaged_file_is_rebuilt(models, cache, damage):
+    path, isa = models("Q4_K"), ISAS[0]
+    want = fresh(path, isa)
+    packed_all(path, isa)
+    f = only_file(cache)
+    damage(f)
+    got = packed_all(path, isa)
+    assert rc.STATS["built"] == 1
+    assert_same(got, want)
+    assert only_file(cache) == f  # replaced in place, nothing left behind
+    packed_all(path, isa)
+    assert rc.STATS["built"] == 0
+
+
+def test_version_bump_invalidates(models, cache, monkeypatch):
+    path, isa = models("Q5_0"), ISAS[0]
+    packed_all(path, isa)
+    monkeypatch.setattr(rp, "FORMAT_VERSION", rp.FORMAT_VERSION + 1)
+    packed_all(path, isa)
+    assert rc.STATS["built"] == 1
+    with open(only_file(cache), "rb") as fh:
+        assert rc._parse_header(fh, os.path.getsize(only_file(cache)))["format"] == rp.FORMAT_VERSION
+    packed_all(path, isa)
+    assert rc.STATS["built"] == 0
+
+
+def test_changed_model_file_is_rebuilt(tmp_path, cache):
+    path, isa = write_tiny_model(tmp_path / "m.gguf", qtype="Q8_0", seed=1), ISAS[0]
+    packed_all(path, isa)
+    write_tiny_model(path, qtype="Q8_0", seed=2)  # same path, new weights
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    got = packed_all(path, isa)
+    assert rc.STATS["built"] == 1
+    assert_same(got, fresh(path, isa))
+    only_file(cache)
+
+
+def test_disabled_by_env(models, cache, monkeypatch):
+    monkeypatch.setenv("LLCINFER_REPACK_CACHE", "0")
+    path, isa = models("Q6_K"), ISAS[0]
+    got = packed_all(path, isa)
+    assert_same(got, fresh(path, isa))
+    assert rc.STATS["in_memory"] == len(got) and rc.STATS["built"] == 0
+    assert not cache.exists()
+
+
+def test_small_models_are_not_cached(models, cache, monkeypatch):
+    monkeypatch.setattr(rc, "MIN_FILE_SIZE", rc.INDEX_MIN_FILE_SIZE)
+    packed_all(models("Q4_1"), ISAS[0])
+    assert rc.STATS["in_memory"] > 0 and not cache.exists()
+
+
+def test_arrays_not_from_a_file_repack_in_memory(cache):
+    t = fake_tensor(np.random.default_rng(0), "Q4_0", 33, 64)
+    a = Linear(t, isa=ISAS[0]).prepare()
+    assert not a.flags.writeable
+    assert a.tobytes() == rp.repack(t.data, int(t.qtype), 64, lanes(ISAS[0])).tobytes()
+    assert rc.STATS["in_memory"] == 1 and not cache.exists()
+
+
+def test_no_space_falls_back_silently(models, cache, monkeypatch, recwarn):
+    path, isa = models("Q4_0"), ISAS[0]
+    want = fresh(path, isa)
+    monkeypatch.setattr(rc, "_free_bytes", lambda d: 0)
+    got = packed_all(path, isa)
+    assert_same(got, want)
+    assert rc.STATS["in_memory"] == len(got)
+    assert os.listdir(cache) == []
+    assert not recwarn.list
+
+
+def test_write_error_leaves_nothing_behind(models, cache, monkeypatch, recwarn):
+    path, isa = models("Q8_0"), ISAS[0]
+    want = fresh(path, isa)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rc.os, "fsync", full)
+    got = packed_all(path, isa)
+    assert_same(got, want)
+    assert rc.STATS["built"] == 0 and rc.STATS["in_memory"] == len(got)
+    assert os.listdir(cache) == []  # the temporary file is removed
+    assert not recwarn.list
+
+
+def test_read_only_directory_falls_back(models, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("LLCINFER_REPACK_CACHE", str(blocker / "repack"))
+    path, isa = models("Q4_K"), ISAS[0]
+    assert_same(packed_all(path, isa), fresh(path, isa))
+
+
+def test_matrix_missing_from_the_file_is_added(models, cache):
+    """An untied model's embedding is not in the file (only a row lookup); a caller that
+    repacks it anyway gets it added, the other matrices copied over."""
+    path, isa = models("Q8_0", tied=False), ISAS[0]
+    packed_all(path, isa)
+    f = GGUFFile(path)
+    emb = Linear(f.tensor("token_embd.weight"), isa=isa).prepare()
+    assert rc.STATS["built"] == 2
+    assert_same({"token_embd.weight": emb}, fresh(path, isa))
+    rc.clear()
+    assert_same({"token_embd.weight": Linear(GGUFFile(path).tensor("token_embd.weight"), isa=isa).prepare()},
+                fresh(path, isa))
+    assert rc.STATS["built"] == 0 and rc.STATS["mapped"] == 1
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
+def test_model_output_identical_with_and_without_cache(models, cache, monkeypatch, qtype):
+    path = models(qtype, arch="qwen2")
+    ids = [3, 200, 17, 262, 45, 45, 99, 1]
+
+    def logits():
+        rc.clear()
+        tm = Transformer(GGUFFile(path))
+        return tm.forward(ids, tm.new_cache(16), all_logits=True)
+
+    built = logits()
+    assert rc.STATS["built"] == 1
+    mapped = logits()
+    assert rc.STATS["mapped"] > 0 and rc.STATS["built"] == rc.STATS["in_memory"] == 0
+    monkeypatch.setenv("LLCINFER_REPACK_CACHE", "0")
+    plain = logits()
+    assert rc.STATS["in_memory"] > 0
+    np.testing.assert_array_equal(built, plain)
+    np.testing.assert_array_equal(mapped, plain)

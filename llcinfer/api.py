@@ -21,7 +21,6 @@ from .engine import Engine, GenerationStats
 from .kv import KV_TYPES
 from .errors import ChatTemplateError, ModelFileError, UsageError
 from .gguf_file import GGUFFile
-from .executor import default_domains
 from .kernels import set_threads
 from .model import Transformer
 from .sampling import SamplingParams
@@ -79,7 +78,6 @@ class LLM:
         self.model_path = catalog.resolve_model(model, progress=progress)
         self.gguf = GGUFFile(self.model_path)
         self.model = Transformer(self.gguf, llama_rounding=numerics == "llama.cpp")
-        self.executor_note = self.model.use_executor(default_domains(self.threads))
         self.config = self.model.config
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         if self.tokenizer.vocab_size != self.config.vocab_size:
@@ -93,10 +91,25 @@ class LLM:
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise UsageError(f"n_ctx must be a positive integer (got {n_ctx!r})")
         self.n_ctx = n_ctx
+        self.plan = None  # the planner's plan the executor runs (None: simple path)
+        self.executor_note = self._plan_executor(n_ctx, n_seq)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
                              kv_budget_bytes=budget)
         self.model.warm_up()
+
+    def _plan_executor(self, n_ctx: int, n_seq: int) -> str | None:
+        """Plan what runs where for this model, context and concurrency (planner/), and run
+        decode steps on the executor with the plan's domains.  Returns why the simple path
+        is used instead (None when the executor runs)."""
+        from .executor import unsupported_reason
+        from .executor.from_plan import domains_from_plan, plan_for_model
+
+        why = unsupported_reason(self.model)
+        if why:
+            return why
+        self.plan = plan_for_model(self.model, n_ctx, n_seq, self.threads)
+        return self.model.use_executor(domains_from_plan(self.plan, self.config))
 
     # ------------------------------------------------------------------ text in, text out
     def generate(self, prompt: str, **sampling) -> str:

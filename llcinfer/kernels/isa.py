@@ -7,6 +7,9 @@
 
 The best path the CPU supports is chosen at run time; ``LLCINFER_ISA`` forces one (a path
 the CPU cannot run falls back to the best one it can, with a warning).
+
+AMX int8 tiles (``cpu_has_amx``) are not a path of their own: on top of avx512vnni, batches
+of 16+ rows may take amx_matmul.py once amx.py has the OS's permission (``LLCINFER_AMX``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def cpu_flags() -> set[str]:
         from llvmlite import binding as llvm
 
         feats = llvm.get_host_cpu_features()
-        names = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni"}
+        names = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "amx-tile": "amx_tile", "amx-int8": "amx_int8"}
         return {names.get(k, k) for k, v in feats.items() if v}
     except Exception:  # pragma: no cover
         return set()
@@ -51,6 +54,13 @@ def supported_isas(flags: set[str] | None = None) -> list[str]:
         out.append("avx2")
     out.append("generic")
     return out
+
+
+def cpu_has_amx(flags: set[str] | None = None) -> bool:
+    """The CPU has AMX int8 tiles (amx_tile + amx_int8); usable only once the OS grants the
+    tile state to the process (amx.py asks)."""
+    f = cpu_flags() if flags is None else flags
+    return {"amx_tile", "amx_int8"} <= f
 
 
 _CHOSEN: str | None = None

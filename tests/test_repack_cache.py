@@ -285,3 +285,30 @@ def test_model_output_identical_with_and_without_cache(models, cache, monkeypatc
     assert rc.STATS["in_memory"] > 0
     np.testing.assert_array_equal(built, plain)
     np.testing.assert_array_equal(mapped, plain)
+
+
+def test_page_runs():
+    f = np.array([1, 1, 0, 1, 0, 0, 1], bool)
+    assert rc._runs(f, 4096, 7 * 4096 - 100) == [(0, 8192), (12288, 16384), (24576, 7 * 4096 - 100)]
+    assert rc._runs(np.zeros(3, bool), 4096, 3 * 4096) == []
+
+
+def test_evicted_file_is_read_back(models, cache):
+    """A mapped file that left the page cache is read back by the prefetch thread."""
+    path, isa = models("Q8_0"), ISAS[0]
+    packed_all(path, isa)
+    f = only_file(cache)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    rc.clear()
+    pack = rc._Pack.open(str(f), rc._identity(str(path), os.stat(path)), lanes(isa))
+    missing = rc._missing(pack.data)
+    if not missing:
+        pytest.skip("this file system keeps the file in memory")
+    assert all(0 <= a < b <= pack.data.size for a, b in missing)
+    rc._read_ranges(str(f), missing)
+    assert rc._missing(pack.data) == []

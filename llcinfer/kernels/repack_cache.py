@@ -21,7 +21,9 @@ The first ``packed()`` of a model with no valid file repacks every matrix of the
 at once (``_candidates``: what the forward pass repacks) and writes the file atomically
 (a temporary file, fsync, os.replace); later calls and processes map it read-only
 (mmap) and return views: C-contiguous uint8 [groups, bytes] starting on 64-byte
-boundaries.  Files smaller than ``MIN_FILE_SIZE`` (test models) are repacked in memory.
+boundaries.  Pages of the file that are not in the page cache at that point are read
+in on a background thread (``_prefetch``) while the rest of the start goes on.  Files
+smaller than ``MIN_FILE_SIZE`` (test models) are repacked in memory.
 
 ``LLCINFER_REPACK_CACHE``: ``0`` turns the cache off; a path puts it in that directory
 instead.  When the cache cannot be written (no space: ``MIN_FREE_BYTES`` must stay free
@@ -34,6 +36,7 @@ numba type (a writable and a read-only array would be two compiled specializatio
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import mmap
@@ -134,6 +137,8 @@ def _pack_for(w: np.ndarray, W: int) -> "_Pack | None":
             return _packs[key]
         t0 = time.perf_counter()
         pack = _Pack.open(slot, ident, W)
+        if pack is not None:
+            _prefetch(pack)
         STATS["map_seconds"] += time.perf_counter() - t0
         if pack is None:
             pack = _build(slot, ident, W, path, names=())
@@ -221,6 +226,63 @@ def _entry_ok(e: dict, W: int, data_start: int, size: int) -> bool:
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+# ------------------------------------------------------------------------- page cache
+PREFETCH_CHUNK = 8 << 20
+
+
+def _prefetch(pack: _Pack) -> None:
+    """Read the parts of the file that are not in the page cache, in order, on a background
+    thread.  Without it the first forward pass faults them in 64 KiB at a time: 5.2 s for
+    the 1.5B's 950 MB after the kernel dropped the file from the cache (this VM reclaims
+    idle page cache), against 2.0 s for one sequential read, which here overlaps with the
+    rest of the start (numba, tokenizer)."""
+    ranges = _missing(pack.data)
+    if ranges:
+        threading.Thread(target=_read_ranges, args=(pack.slot, ranges), name="llcinfer-prefetch",
+                         daemon=True).start()
+
+
+def _missing(data: np.ndarray) -> list[tuple[int, int]]:
+    """[(start, end)] byte ranges of the mapping ``data`` not in the page cache (mincore);
+    [] when that cannot be told."""
+    page = mmap.PAGESIZE
+    n = -(-data.size // page)
+    vec = (ctypes.c_ubyte * n)()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mincore(ctypes.c_void_p(data.ctypes.data), ctypes.c_size_t(data.size), vec) != 0:
+            return []
+    except (OSError, AttributeError):  # pragma: no cover - no mincore on this platform
+        return []
+    return _runs((np.frombuffer(vec, np.uint8) & 1) == 0, page, data.size)
+
+
+def _runs(missing: np.ndarray, page: int, size: int) -> list[tuple[int, int]]:
+    """[(start, end)] byte ranges of the runs of True in ``missing`` (one flag per page)."""
+    idx = np.flatnonzero(missing)
+    if idx.size == 0:
+        return []
+    cut = np.flatnonzero(np.diff(idx) > 1)
+    starts = np.concatenate([idx[:1], idx[cut + 1]])
+    ends = np.concatenate([idx[cut], idx[-1:]]) + 1
+    return [(int(a) * page, min(int(b) * page, size)) for a, b in zip(starts, ends)]
+
+
+def _read_ranges(path: str, ranges) -> None:
+    buf = bytearray(PREFETCH_CHUNK)
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            for a, b in ranges:
+                fh.seek(a)
+                while a < b:
+                    n = fh.readinto(memoryview(buf)[:min(PREFETCH_CHUNK, b - a)])
+                    if not n:
+                        return
+                    a += n
+    except OSError:  # only a hint: the mapping reads the file anyway
+        pass
 
 
 # --------------------------------------------------------------------------- building

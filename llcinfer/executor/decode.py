@@ -117,7 +117,7 @@ class DecodeExecutor:
         self.bq = np.stack([lw.bq for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dq)).copy()
         self.bk = np.stack([lw.bk for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dkv)).copy()
         self.bv = np.stack([lw.bv for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dkv)).copy()
-        self.workers = WorkerPool(domains.cores)
+        self.workers = WorkerPool(domains.cores, [0] * len(domains.weight) + [1] * len(domains.attention))
         n_w = len(domains.weight)
         self._weight_ids = list(range(n_w))
         self._attn_ids = list(range(n_w, n_w + len(domains.attention)))

@@ -5,6 +5,7 @@ Tiny models are below the cache's size threshold, so every test lowers it
 """
 
 import errno
+import functools
 import json
 import os
 import zlib
@@ -44,14 +45,13 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """models(qtype, **kw) -> a tiny model's path, written once per module."""
     root = tmp_path_factory.mktemp("tiny_models")
-    made = {}
 
+    @functools.cache
     def get(qtype="Q8_0", **kw):
-        key = (qtype, tuple(sorted(kw.items())))
-        if key not in made:
-            made[key] = write_tiny_model(root / f"{qtype}-{len(made)}.gguf", qtype=qtype, **kw)
-        return made[key]
+        name = "-".join([qtype, *(f"{k}={v}" for k, v in sorted(kw.items()))])
+        return write_tiny_model(root / f"{name}.gguf", qtype=qtype, **kw)
 
     return get
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import typed
 
 from ..errors import UnsupportedModelError
 from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
@@ -93,8 +92,13 @@ class DecodeExecutor:
         lins = [[lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down] for lw in w.layers] + [[w.output]]
         self.isa = lins[0][0].isa
         self.tag = make_tag(self.isa)
-        self.mats = typed.List([lin.prepare() for group in lins for lin in group])  # packed [groups, bytes]
         flat = [lin for group in lins for lin in group]
+        self.mats = [lin.prepare() for lin in flat]  # [n_mats] packed [groups, bytes]; kept alive here
+        if not all(p.flags.c_contiguous for p in self.mats):
+            raise UnsupportedModelError("executor: packed weights are not contiguous")
+        self.mat_addr = np.array([p.ctypes.data for p in self.mats], np.int64)  # [n_mats] addresses
+        self.mat_groups = np.array([p.shape[0] for p in self.mats], np.int64)  # [n_mats] groups of lanes rows
+        self.mat_stride = np.array([p.shape[1] for p in self.mats], np.int64)  # [n_mats] bytes per group
         self.mat_qt = np.array([int(lin.qtype) for lin in flat], np.int64)  # [n_mats]
         self.mat_kind = np.array([_KIND_INDEX[lin.act_kind] for lin in flat], np.int64)  # [n_mats]
         ids, k = [], 0
@@ -193,7 +197,7 @@ class DecodeExecutor:
         b["x"][:] = self.model.weights.token_embd.get_rows(ids)
         counters = np.zeros(prog.n_counters * COUNTER_STRIDE, np.int64)  # [counter * 8] one per cache line
         m = self.model
-        args = (prog.ops, prog.order, counters, self.mats, self.mat_qt, self.mat_kind, self.tag,
+        args = (prog.ops, prog.order, counters, self.mat_addr, self.mat_groups, self.mat_stride, self.mat_qt, self.mat_kind, self.tag,
                 b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"],
                 b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm, self.ffn_norm,
                 m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv, self.has_bias,

@@ -26,7 +26,7 @@ from ..kernels.activation import swiglu
 from ..kernels.jit import kernel
 from ..kernels.fused import norm_quant, quant_rows, rope_append
 from ..kernels.paged_attention import _task as attention_task
-from ..kernels.vnni_matmul import _group
+from ..kernels.vnni_matmul import _group_at
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, sched_yield
 
 # operator kinds
@@ -72,12 +72,12 @@ def claim(counters, c):
 
 
 @kernel
-def _matmul_rows(mats, mat_qt, mat_kind, mat, g0, g1, xq, xd, xs, y, tag):
-    """y[:, g0 W : g1 W] = x @ W[rows].T on the worker's quantized input (kind of W)."""
+def _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, mat, g0, g1, xq, xd, xs, y, tag):
+    """y[:, g0 W : g1 W] = x @ W[rows].T on the worker's quantized input (kind of W).
+    Matrix ``mat`` is packed [mat_groups, mat_stride] bytes at address mat_addr[mat]."""
     kd = mat_kind[mat]
-    w = mats[mat]
-    for g in range(g0, min(g1, w.shape[0])):
-        _group(mat_qt[mat], w[g], g, xq[kd], xd[kd], xs[kd], y, tag)
+    for g in range(g0, min(g1, mat_groups[mat])):
+        _group_at(mat_qt[mat], mat_addr[mat] + g * mat_stride[mat], g, xq[kd], xd[kd], xs[kd], y, tag)
 
 
 @kernel
@@ -94,7 +94,7 @@ def _views(qpriv, dpriv, spriv, wid, M, K):
 
 @kernel
 def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], order [workers, max_ops]
-               mats, mat_qt, mat_kind, tag,  # weights: packed matrices and their types
+               mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, tag,  # packed weights [n_mats]: address, groups, bytes per group, type
                x, hpriv, qpriv, dpriv, spriv,  # x [M, d] residual; private [workers, ...] inputs
                qb, kb, vb, attn, gate, up, act, ytmp, logits,  # activations (see model.forward)
                attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias,  # norms [L, d], biases [L, ...]
@@ -142,12 +142,12 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 r = t % (G + 2)
                 gph = D // ops[o, F_LANES]  # vector groups per head
                 if r == 0:
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT1], j * gph, (j + 1) * gph, xq, xd, xs, ku, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT1], j * gph, (j + 1) * gph, xq, xd, xs, ku, tag)
                 elif r == 1:
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT2], j * gph, (j + 1) * gph, xq, xd, xs, vu, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT2], j * gph, (j + 1) * gph, xq, xd, xs, vu, tag)
                 else:
                     h = j * G + r - 2
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], h * gph, (h + 1) * gph, xq, xd, xs, qu, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT0], h * gph, (h + 1) * gph, xq, xd, xs, qu, tag)
                 signal(counters, ops[o, F_DONE] + j)
             elif kind == ROPE:
                 if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):
@@ -203,18 +203,18 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 g1 = g0 + W // lanes
                 r0 = t * W
                 if kind == WO or kind == DOWN:
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, yu, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, yu, tag)
                     r1 = min(r0 + W, d_model)
                     for m in range(M):
                         for r in range(r0, r1):
                             xu[m, r] += yu[m, r]
                 elif kind == GATE_UP:
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, gu, tag)
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT1], g0, g1, xq, xd, xs, uu, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, gu, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT1], g0, g1, xq, xd, xs, uu, tag)
                     r1 = min(r0 + W, gu.shape[1])
                     swiglu(gu[:, r0:r1], uu[:, r0:r1], actu[:, r0:r1])
                 elif kind == LM_HEAD:
-                    _matmul_rows(mats, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, lu, tag)
+                    _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, lu, tag)
                 else:
                     raise RuntimeError("unknown operator kind")
                 signal(counters, ops[o, F_DONE])

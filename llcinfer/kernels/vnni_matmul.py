@@ -342,12 +342,18 @@ def _put(y, m, n0, nv, acc, tag):
 
 @kernel
 def _group(qt, wp, g, xq, xd, xs, y, tag_array):
-    """y[:, g W : g W + W] for the weight group wp (one packed byte row).  The helpers get
-    addresses (``addr``) and a VTag, not arrays: no reference counting inside the loops."""
+    """y[:, g W : g W + W] for the weight group wp (one packed byte row)."""
+    _group_at(qt, addr(wp), g, xq, xd, xs, y, tag_array)
+
+
+@kernel
+def _group_at(qt, wa, g, xq, xd, xs, y, tag_array):
+    """_group for the group at address wa (the caller keeps its array alive).  The helpers
+    get addresses (``addr``) and a VTag, not arrays: no reference counting inside the loops."""
     tag = vtag(tag_array)
     W = vlanes(tag)
     M, K = xq.shape
-    wa, xa, xda, xsa = addr(wp), addr(xq), addr(xd), addr(xs)
+    xa, xda, xsa = addr(xq), addr(xd), addr(xs)
     n0 = g * W
     nv = min(W, y.shape[1] - n0)
     m = 0

@@ -138,3 +138,41 @@ def test_sync_microbenchmark_runs():
     assert chain(10, 2).run(pool).tolist() == list(range(1, 11))
     assert handoff_ns(pool, n=500, reps=1) > 0 and barrier_ns(pool, rounds=500, reps=1) > 0
     pool.close()
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_real_model_greedy_same_on_executor(name):
+    """24 greedy tokens of a real model: the executor (shared and split domains) gives the
+    simple path's tokens."""
+    from real_models import real_model_path
+
+    model = Transformer(GGUFFile(real_model_path(name)))
+    prompt = [1, 504, 3458, 1781, 2384, 359, 1411]
+    simple = model.new_cache(64)
+    logits = model.forward(prompt, simple)
+    want = []
+    for _ in range(24):
+        want.append(int(np.argmax(logits)))
+        logits = model.forward([want[-1]], simple)
+    for dom in (Domains(weight=(None, None)), Domains(weight=(None,), attention=(None,))):
+        assert model.use_executor(dom) is None
+        cache = model.new_cache(64)
+        logits = model.forward(prompt, cache)
+        got = []
+        for _ in range(24):
+            got.append(int(np.argmax(logits)))
+            logits = model.forward([got[-1]], cache)
+        assert got == want
+    model.use_executor(None)
+
+
+def test_llm_runs_the_plan_on_the_executor():
+    from llcinfer import LLM
+
+    llm = LLM("smollm2-135m", threads=2, n_ctx=256, progress=False)
+    assert llm.executor_note is None and llm.model.executor is not None
+    assert llm.plan is not None and llm.plan.kind in ("shared", "split")
+    cores = set(llm.model.executor.domains.cores)
+    assert cores == {c for d in llm.plan.domains for c in d.cores}
+    text = llm.generate("The three primary colors are", max_tokens=12, temperature=0)
+    assert len(text) > 0

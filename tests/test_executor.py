@@ -148,21 +148,19 @@ def test_real_model_greedy_same_on_executor(name):
 
     model = Transformer(GGUFFile(real_model_path(name)))
     prompt = [1, 504, 3458, 1781, 2384, 359, 1411]
-    simple = model.new_cache(64)
-    logits = model.forward(prompt, simple)
-    want = []
-    for _ in range(24):
-        want.append(int(np.argmax(logits)))
-        logits = model.forward([want[-1]], simple)
+
+    def greedy(n=24):
+        cache = model.new_cache(64)
+        logits, out = model.forward(prompt, cache), []
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            logits = model.forward([out[-1]], cache)
+        return out
+
+    want = greedy()
     for dom in (Domains(weight=(None, None)), Domains(weight=(None,), attention=(None,))):
         assert model.use_executor(dom) is None
-        cache = model.new_cache(64)
-        logits = model.forward(prompt, cache)
-        got = []
-        for _ in range(24):
-            got.append(int(np.argmax(logits)))
-            logits = model.forward([got[-1]], cache)
-        assert got == want
+        assert greedy() == want
     model.use_executor(None)
 
 

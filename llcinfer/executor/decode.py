@@ -111,8 +111,7 @@ class DecodeExecutor:
 
         masks = [(mask(lw.wq, lw.wk, lw.wv), mask(lw.wo), mask(lw.w_gate, lw.w_up), mask(lw.w_down)) for lw in w.layers]
         masks.append(mask(w.output))
-        self.shapes = Shapes(c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.d_ff, c.vocab_size,
-                             lanes(self.isa), tuple(ids), tuple(masks))
+        self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks))
         L, dq, dkv = c.n_layer, c.n_head * c.head_dim, c.n_kv_head * c.head_dim
         self.attn_norm = np.stack([lw.attn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
         self.ffn_norm = np.stack([lw.ffn_norm for lw in w.layers]).astype(np.float32)  # [L, d]

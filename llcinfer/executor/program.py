@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..architectures.base import ModelConfig
 from .step_kernel import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
                           F_NTILES, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
                           QKV, ROPE, WO)
@@ -28,18 +29,13 @@ F_M0, F_M1 = N_FIELDS, N_FIELDS + 1
 
 @dataclass(frozen=True)
 class Shapes:
-    """What the program needs to know of the model (ids of the packed matrices included)."""
+    """What the program needs to know of the model: its config, the vector lanes, the ids
+    of the packed matrices and the activation kinds their inputs are quantized to."""
 
-    n_layer: int
-    d_model: int
-    n_head: int
-    n_kv_head: int
-    head_dim: int
-    d_ff: int
-    vocab: int
+    config: ModelConfig
     lanes: int
-    mat_ids: tuple  # per layer (wq, wk, wv, wo, w_gate, w_up, w_down), then lm_head at the end
-    kmask: tuple  # per layer (qkv, wo, gate_up, down) activation-kind masks, then lm_head
+    mat_ids: tuple  # per layer (wq, wk, wv, wo, w_gate, w_up, w_down), then (lm_head,) at the end
+    kmask: tuple  # per layer (qkv, wo, gate_up, down) activation-kind masks, then lm_head's
 
 
 @dataclass
@@ -69,10 +65,11 @@ def _round_tile(rows: int, lanes: int) -> int:
 def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: list[int], n_splits: int = 1,
                   micro_batches: int = 1, tiles: Tiles = Tiles()) -> Program:
     """The operator table and orders; ``attn_workers`` empty means one shared domain."""
-    if s.head_dim % s.lanes:
-        raise ValueError(f"head_dim {s.head_dim} is not a multiple of {s.lanes} lanes")
-    L, KVH = s.n_layer, s.n_kv_head
-    G = s.n_head // KVH
+    c = s.config
+    if c.head_dim % s.lanes:
+        raise ValueError(f"head_dim {c.head_dim} is not a multiple of {s.lanes} lanes")
+    L, KVH = c.n_layer, c.n_kv_head
+    G = c.n_head // KVH
     U = max(1, min(micro_batches, M))
     bounds = [(u * M // U, (u + 1) * M // U) for u in range(U)]
     n_counters = [1]  # counter 0: abort
@@ -98,8 +95,8 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
 
     t_wo, t_gu = _round_tile(tiles.wo, s.lanes), _round_tile(tiles.gate_up, s.lanes)
     t_dn, t_lm = _round_tile(tiles.down, s.lanes), _round_tile(tiles.lm_head, s.lanes)
-    n_wo, n_gu = -(-s.d_model // t_wo), -(-s.d_ff // t_gu)
-    n_dn, n_lm = -(-s.d_model // t_dn), -(-s.vocab // t_lm)
+    n_wo, n_gu = -(-c.d_model // t_wo), -(-c.d_ff // t_gu)
+    n_dn, n_lm = -(-c.d_model // t_dn), -(-c.vocab_size // t_lm)
     waits = 0
     qkv_ops, attn_ops, tail_ops, lm_ops = {}, {}, {}, {}
     down_done = {}

@@ -196,9 +196,7 @@ def vload_f16(typingctx, arr, off, tag):
     ret = Vec(n, True)
 
     def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], args[1])
-        h = builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), n).as_pointer()), align=1)
-        return builder.fpext(h, _vty(n, True))
+        return load_as_f32(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), n, 1)
 
     return ret(arr, off, tag), codegen
 
@@ -353,10 +351,7 @@ def vfma(typingctx, a, b, c):
     """a * b + c on float vectors (vfmadd)."""
 
     def codegen(context, builder, sig, args):
-        n = sig.args[0].n
-        vt = _vty(n, True)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
-        return builder.call(fn, list(args))
+        return fma_ir(builder, *args)
 
     return a(a, b, c), codegen
 
@@ -429,3 +424,179 @@ def vdpbusd_full(typingctx, acc, a, b, tag):
         return _dpbusd_ir(builder, acc_, lo, b_, n, mode)
 
     return acc(acc, a, b, tag), codegen
+
+
+# ------------------------------------------------- float helpers (softmax, attention)
+_ELT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.uint16): 1, np.dtype(np.int8): 2}
+
+
+def elt_kind(arr) -> int | None:
+    """What the elements of an array type hold, for ``load_as_f32`` (typing time): 0
+    float32, 1 IEEE half bit patterns (uint16), 2 int8; None for anything else."""
+    if not isinstance(arr, types.Array):
+        return None
+    return _ELT_KINDS.get(np.dtype(str(arr.dtype)))
+
+
+def load_as_f32(builder, p, n, kind):
+    """IR: ``n`` elements at i8* ``p`` (unaligned) widened to <n x float>; kind as
+    ``elt_kind`` (a half vector becomes one vcvtph2ps)."""
+    if kind == 0:
+        return builder.load(builder.bitcast(p, _vty(n, True).as_pointer()), align=1)
+    if kind == 1:
+        h = builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), n).as_pointer()), align=1)
+        return builder.fpext(h, _vty(n, True))
+    b = builder.load(builder.bitcast(p, ir.VectorType(_I8, n).as_pointer()), align=1)
+    return builder.sitofp(b, _vty(n, True))
+
+
+def _fintrinsic(builder, name, vals):
+    t = vals[0].type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [v.type for v in vals]),
+                                        f"llvm.{name}.v{t.count}f32")
+    return builder.call(fn, list(vals))
+
+
+def fma_ir(builder, a, b, c):
+    """IR: a * b + c on float vectors of equal width (llvm.fma: vfmadd)."""
+    return _fintrinsic(builder, "fma", [a, b, c])
+
+
+def splat_ir(builder, val, n):
+    """IR: a scalar broadcast to ``n`` lanes."""
+    return _splat(builder, val, n)
+
+
+def lane_mask_ir(builder, n, count):
+    """IR: <n x i1>, lane i true iff i < count (an i64 value)."""
+    iota = ir.Constant(ir.VectorType(_I64, n), list(range(n)))
+    return builder.icmp_signed("<", iota, _splat(builder, count, n))
+
+
+@intrinsic
+def vstore(typingctx, arr, off, vec):
+    """Store a vector at element ``off`` of a contiguous array, or at byte ``off`` past an
+    int address (``addr``), unaligned."""
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, args[2].type.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.none(arr, off, vec), codegen
+
+
+def _max_ir(builder, a, b):
+    """a > b ? a : b lane-wise (vmaxps; no NaN ordering, unlike llvm.maxnum)."""
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+def _min_ir(builder, a, b):
+    return builder.select(builder.fcmp_ordered("<", a, b), a, b)
+
+
+def _float_vec(a):
+    return isinstance(a, Vec) and a.is_float
+
+
+@intrinsic
+def vmaxf(typingctx, a, b):
+    """Lane-wise max of two float vectors (vmaxps)."""
+    if not (_float_vec(a) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _max_ir(builder, *args)
+
+    return a(a, b), codegen
+
+
+def _hreduce(builder, v, op):
+    n = v.type.count
+    while n > 1:
+        h = n // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+        v = op(lo, hi)
+        n = h
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+@intrinsic
+def vhmax(typingctx, a):
+    """The largest lane of a float vector, as a float32 scalar."""
+    if not _float_vec(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _hreduce(builder, args[0], lambda x, y: _max_ir(builder, x, y))
+
+    return types.float32(a), codegen
+
+
+@intrinsic
+def vhsum(typingctx, a):
+    """The sum of the lanes of a float vector (pairwise), as a float32 scalar."""
+    if not _float_vec(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _hreduce(builder, args[0], builder.fadd)
+
+    return types.float32(a), codegen
+
+
+_EXP_LO, _EXP_HI = -87.33654, 88.0  # below: 0 (f32 underflow); above: clamped
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)  # Cephes expf, on [-ln2/2, ln2/2]
+
+
+def exp_ir(builder, x):
+    """IR: lane-wise e**x of a float vector: Cephes expf (range reduction by ln2 in two
+    parts, degree-6 polynomial, 2**n through the exponent bits); within 2 ulp, 0 below
+    -87.3 (exp(_NEG) is exactly 0)."""
+    n = x.type.count
+    vt = _vty(n, True)
+
+    def c(v):
+        return ir.Constant(vt, [float(np.float32(v))] * n)
+
+    xc = _min_ir(builder, _max_ir(builder, x, c(_EXP_LO)), c(_EXP_HI))
+    fx = _fintrinsic(builder, "floor", [fma_ir(builder, xc, c(1.44269504088896341), c(0.5))])
+    r = fma_ir(builder, fx, c(-0.693359375), xc)
+    r = fma_ir(builder, fx, c(2.12194440e-4), r)
+    y = c(_EXP_POLY[0])
+    for k in _EXP_POLY[1:]:
+        y = fma_ir(builder, y, r, c(k))
+    y = fma_ir(builder, y, builder.fmul(r, r), builder.fadd(r, c(1.0)))
+    e = builder.shl(builder.add(builder.fptosi(fx, _vty(n)), ir.Constant(_vty(n), [127] * n)),
+                    ir.Constant(_vty(n), [23] * n))
+    y = builder.fmul(y, builder.bitcast(e, vt))
+    return builder.select(builder.fcmp_ordered("<", x, c(_EXP_LO)), ir.Constant(vt, None), y)
+
+
+@intrinsic
+def vexp(typingctx, a):
+    """Lane-wise e**a of a float vector (``exp_ir``)."""
+    if not _float_vec(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return exp_ir(builder, args[0])
+
+    return a(a), codegen
+
+
+@intrinsic
+def prefetch_l2(typingctx, a, off):
+    """Prefetch the cache line at byte ``off`` past int address ``a`` (or element ``off``
+    of an array) towards L2 (prefetcht1); never faults."""
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(a, off), codegen

@@ -165,7 +165,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 tl = t % (KVH * S)
                 q3 = qb[m:m + 1].reshape((1, H, D))
                 attention_task(q3, pool, pool_f32, lut, kv_kind, kv_group, kv_scale_off, tables[seq[m]], layer, KVH,
-                               bs, pos[m], scale, S, tl, pmax[base:], psum[base:], pacc[base:])
+                               bs, pos[m], scale, S, tl, pmax[base:], psum[base:], pacc[base:], tag)
                 if S == 1:  # normalise here (what the merge does for one split)
                     for g in range(G):
                         inv = np.float32(1.0) / psum[base + tl, g]

@@ -7,8 +7,14 @@ Measured here, each a median over repetitions in this run:
   barrier_ns                one numba thread-pool region (the simple path's per-operator barrier)
   attention_flops_per_core  decode attention over an f16 paged cache (SmolLM2 and Qwen shapes,
                             ctx 4096, one thread): 4 * H * D * ctx flops per layer / time
-The matmul rates (unpack_weights_per_core, matmul_macs_per_core) and the rest keep the
-defaults of cost.py, fitted to one-core kernel runs on this machine.  Writes the calibration to
+  unpack_weights_per_core,  the repacked int8 matmul (Qwen2.5-0.5B's Q5_0 ffn_gate rows, L2-
+  matmul_macs_per_core      resident) on one core: t(rows) = W / unpack + rows * W / macs, from
+                            1 and 4 activation rows
+  matmul_overlap            the same matrices streamed from DRAM (all 24 layers, 2 threads):
+                            how much of min(read, compute) the stream hides
+  step_overhead_ns,         an executor step on SmolLM2 minus its workers' time, with 1 and
+  step_overhead_seq_ns      4 sequences
+The rest keep the defaults of cost.py.  Writes the calibration to
 $LLCINFER_HOME/machine/calibration-<machine key>.json and prints it.
 """
 
@@ -71,6 +77,101 @@ def attention_rate(ctx: int = 4096) -> float:
     return float(statistics.median(rates))
 
 
+def _qwen_gate():
+    """(packed ffn_gate matrices of every layer, qtype, rows, cols, tag) of Qwen2.5-0.5B."""
+    from llcinfer import catalog
+    from llcinfer.gguf_file import GGUFFile
+    from llcinfer.model import Transformer
+    from llcinfer.kernels.simd import make_tag
+
+    model = Transformer(GGUFFile(catalog.resolve_model("qwen2.5-coder-0.5b", progress=False)))
+    lins = [lw.w_gate for lw in model.weights.layers]
+    return [lin.prepare() for lin in lins], int(lins[0].qtype), lins[0].rows, lins[0].cols, make_tag(lins[0].isa), lins
+
+
+def matmul_calibration(threads: int) -> dict:
+    """unpack / MAC rates per core (in-L2, 1 thread) and the read-compute overlap (DRAM, all threads)."""
+    from llcinfer.bench.probe import read_bandwidth
+    from llcinfer.kernels.act_quant import ACT_Q8_0, quantize_activations_int
+    from llcinfer.kernels.vnni_matmul import vnni_matmul
+
+    packed, qt, rows, cols, tag, lins = _qwen_gate()
+    rng = np.random.default_rng(0)
+
+    def act(M):
+        return quantize_activations_int(rng.standard_normal((M, cols)).astype(np.float32), lins[0].act_kind)
+
+    small = np.ascontiguousarray(packed[0][:48])  # 768 rows: ~0.5 MB, stays in L2
+    w_small = 48 * 16 * cols
+    set_threads(1)
+    t = {}
+    for M in (1, 4):
+        q, d, s = act(M)
+        y = np.empty((M, 48 * 16), np.float32)
+        t[M] = _median_time(lambda: vnni_matmul(q, d, s, small, qt, y, tag), inner=50)
+    per_row = max(1e-12, (t[4] - t[1]) / 3)
+    macs = w_small / per_row
+    unpack = w_small / max(1e-12, t[1] - per_row)
+    set_threads(threads)
+    q, d, s = act(1)
+    y = np.empty((1, rows), np.float32)
+
+    def stream():
+        for p in packed:
+            vnni_matmul(q, d, s, p, qt, y, tag)
+
+    t_stream = _median_time(stream, reps=9)
+    nbytes = sum(p.nbytes for p in packed)
+    bw = read_bandwidth(nbytes, threads)  # bytes/s for this working set, this run
+    t_read = nbytes / bw
+    n_w = rows * cols * len(packed)
+    t_comp = n_w / (threads * unpack) + n_w / (threads * macs)
+    lo, hi = min(t_read, t_comp), max(t_read, t_comp)
+    overlap = float(np.clip(1.0 - (t_stream - hi) / lo, 0.0, 1.0))
+    return {"unpack_weights_per_core": unpack, "matmul_macs_per_core": macs, "matmul_overlap": overlap,
+            "_stream_gbs": nbytes / t_stream / 1e9, "_probe_gbs": bw / 1e9}
+
+
+def step_overhead(threads: int) -> tuple[float, float]:
+    """(fixed ns, ns per sequence) of an executor step outside its workers (SmolLM2)."""
+    from llcinfer import catalog
+    from llcinfer.executor import DecodeExecutor
+    from llcinfer.gguf_file import GGUFFile
+    from llcinfer.model import Transformer
+    from llcinfer.kv import PagedSequence
+
+    model = Transformer(GGUFFile(catalog.resolve_model("smollm2-135m", progress=False)))
+    ex = DecodeExecutor(model, default_domains(threads))
+    run = ex.workers.run
+    inside = []
+
+    def timed(job, counters):
+        t0 = time.perf_counter()
+        r = run(job, counters)
+        inside.append(time.perf_counter() - t0)
+        return r
+
+    ex.workers.run = timed
+    out = {}
+    for n in (1, 4):
+        pool, _ = model.new_pool(256, n, prefix_sharing=False)
+        seqs = [PagedSequence(pool, 256, None, f"s{i}") for i in range(n)]
+        for s in seqs:
+            s.n_tokens = 64
+        total = []
+        inside.clear()
+        for _ in range(60):
+            t0 = time.perf_counter()
+            ex.step(seqs, [5] * n)
+            total.append(time.perf_counter() - t0)
+        out[n] = statistics.median(np.array(total[10:]) - np.array(inside[10:])) * 1e9
+        for s in seqs:
+            s.free()
+    ex.close()
+    per_seq = max(0.0, (out[4] - out[1]) / 3)
+    return out[1] - per_seq, per_seq
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -87,8 +188,14 @@ def main() -> None:
     set_threads(1)
     cal.attention_flops_per_core = attention_rate()
     set_threads(threads)
+    mm = matmul_calibration(threads)
+    for k in ("unpack_weights_per_core", "matmul_macs_per_core", "matmul_overlap"):
+        setattr(cal, k, mm[k])
+    print(f"matmul stream {mm['_stream_gbs']:.1f} GB/s vs probe {mm['_probe_gbs']:.1f} GB/s")
+    cal.step_overhead_ns, cal.step_overhead_seq_ns = step_overhead(threads)
     key = detect_machine(probe=False).key()
-    for k in ("handoff_ns", "barrier_ns", "attention_flops_per_core"):
+    for k in ("handoff_ns", "barrier_ns", "attention_flops_per_core", "unpack_weights_per_core",
+              "matmul_macs_per_core", "matmul_overlap", "step_overhead_ns", "step_overhead_seq_ns"):
         print(f"{k:28s} {getattr(cal, k):.4g}")
     if not a.dry_run:
         print("saved", cal.save(key))

@@ -3,8 +3,9 @@ level, compute rates and synchronisation costs.
 
 Per micro-batch of b sequences, every domain's busy time is a sum over its operators:
 
-    matmul   max(weight bytes / bw(level, cores the tiles keep busy),
-                 weights / unpack rate + b * weights / int8 MAC rate) + tasks * task_ns
+    matmul   max(read, compute) + (1 - matmul_overlap) * min(read, compute) + tasks * task_ns,
+             read = weight bytes / bw(level, cores the tiles keep busy),
+             compute = weights / unpack rate + b * weights / int8 MAC rate
     attention max(KV bytes / bw(level of the KV), flops / attention rate) + one small op (rope, append)
     norms    small_op_ns each
 
@@ -19,7 +20,8 @@ resources); TPOT(m) = max(latency of one micro-batch through all layers, m * the
 resource's time per micro-batch).  With one sequence a split plan serialises (the sum,
 less the attention of heads whose q/k/v tiles finish before the QKV tail); with two or
 more the weight and attention domains work on different micro-batches at once.  Finally
-TPOT >= all DRAM bytes of the step / the machine's DRAM rate.
+TPOT >= all DRAM bytes of the step / the machine's DRAM rate, and the host's own cost per
+step (step_overhead_ns + sequences * step_overhead_seq_ns) is added.
 
 Every constant is a field of ``Calibration`` (defaults are estimates; measured values are
 saved per machine and replace them).
@@ -84,6 +86,15 @@ class Calibration:
     head_overlap: float = 0.8
     """with one sequence, the fraction of the attention of all KV heads but the last that
     overlaps the QKV projection of later heads (split plans)."""
+    matmul_overlap: float = 1.0
+    """fraction of the shorter of (weight reads, matmul compute) hidden behind the longer:
+    1 gives max(read, compute), 0 their sum (perf/calibrate.py measures it: a matmul
+    streaming weights from DRAM against its in-L2 compute time and the probed bandwidth)."""
+    step_overhead_ns: float = 0.0
+    """fixed host-side cost of one decode step outside the workers (embedding row, block
+    tables, job hand-out, logits copy), in ns."""
+    step_overhead_seq_ns: float = 0.0
+    """host-side cost per sequence of a step (KV block bookkeeping), in ns."""
     attn_stream_reserve_bytes: int = 4 << 20
     """LLC bytes an attention domain keeps for streaming KV tiles in an LLC instance it
     shares with a weight domain, when its KV does not fit (the rest goes to weights)."""
@@ -159,7 +170,7 @@ class Prediction:
 
 
 TERM_ORDER = ("weights_L2", "weights_LLC", "weights_DRAM", "matmul_compute", "tasks", "kv_LLC", "kv_DRAM",
-              "attention_compute", "small_ops", "handoffs", "barriers", "overlap", "dram_contention")
+              "attention_compute", "small_ops", "handoffs", "barriers", "step_overhead", "overlap", "dram_contention")
 
 
 class _Acc:
@@ -186,7 +197,7 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
     acc.add(f"weights_{level}", read)
     acc.add("matmul_compute", compute)
     acc.add("tasks", over)
-    dt = max(read, compute) + over
+    dt = max(read, compute) + (1.0 - cal.matmul_overlap) * min(read, compute) + over
     acc.busy += dt
     return dt
 
@@ -292,6 +303,9 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
     if floor > tpot:
         terms["dram_contention"] = floor - tpot
         tpot, bound = floor, "dram"
+    host = (cal.step_overhead_ns + c * cal.step_overhead_seq_ns) * 1e-9  # outside the workers
+    terms["step_overhead"] = host
+    tpot += host
     work = sum(v for k, v in terms.items() if k != "dram_contention")
     terms["overlap"] = min(0.0, tpot - terms.get("dram_contention", 0.0) - work)
     terms = {k: terms[k] for k in TERM_ORDER if k in terms}

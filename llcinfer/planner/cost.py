@@ -3,8 +3,8 @@ level, compute rates and synchronisation costs.
 
 Per micro-batch of b sequences, every domain's busy time is a sum over its operators:
 
-    matmul   max(read, compute) + (1 - matmul_overlap) * min(read, compute) + tasks * task_ns,
-             read = weight bytes / bw(level, cores the tiles keep busy),
+    matmul   max(read, compute) + tasks * task_ns,
+             read = weight bytes / (bw(level, cores the tiles keep busy) * matmul_read_efficiency),
              compute = weights / unpack rate + b * weights / int8 MAC rate
     attention max(KV bytes / bw(level of the KV), flops / attention rate) + one small op (rope, append)
     norms    small_op_ns each
@@ -86,10 +86,10 @@ class Calibration:
     head_overlap: float = 0.8
     """with one sequence, the fraction of the attention of all KV heads but the last that
     overlaps the QKV projection of later heads (split plans)."""
-    matmul_overlap: float = 1.0
-    """fraction of the shorter of (weight reads, matmul compute) hidden behind the longer:
-    1 gives max(read, compute), 0 their sum (perf/calibrate.py measures it: a matmul
-    streaming weights from DRAM against its in-L2 compute time and the probed bandwidth)."""
+    matmul_read_efficiency: float = 1.0
+    """fraction of the machine's read bandwidth (its curve) a matmul reaches when it streams
+    weights: perf/calibrate.py measures it by streaming every layer's ffn_gate of
+    Qwen2.5-0.5B through the kernel (decode, one row) on all threads."""
     step_overhead_ns: float = 0.0
     """fixed host-side cost of one decode step outside the workers (embedding row, block
     tables, job hand-out, logits copy), in ns."""
@@ -190,14 +190,14 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
     tasks = math.ceil(rows / tile)
     t = len(cores)
     t_eff = min(t, tasks)
-    read = nbytes / (rates.read_gbs(level, cores) * 1e9 * t_eff / t)
+    read = nbytes / (rates.read_gbs(level, cores) * 1e9 * cal.matmul_read_efficiency * t_eff / t)
     n_weights = w.op_macs(op) // w.concurrency
     compute = n_weights / (t_eff * cal.unpack_weights_per_core) + n_weights * b / (t_eff * cal.matmul_macs_per_core)
     over = tasks * cal.task_ns * 1e-9 / t_eff
     acc.add(f"weights_{level}", read)
     acc.add("matmul_compute", compute)
     acc.add("tasks", over)
-    dt = max(read, compute) + (1.0 - cal.matmul_overlap) * min(read, compute) + over
+    dt = max(read, compute) + over
     acc.busy += dt
     return dt
 

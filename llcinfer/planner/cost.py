@@ -3,9 +3,9 @@ level, compute rates and synchronisation costs.
 
 Per micro-batch of b sequences, every domain's busy time is a sum over its operators:
 
-    matmul   max(read, compute) + tasks * task_ns,
+    matmul   max(read, compute) + tasks * task_ns + the tail of the last tile,
              read = weight bytes / (bw(level, cores the tiles keep busy) * matmul_read_efficiency),
-             compute = weights / unpack rate + b * weights / int8 MAC rate
+             compute = weights * (b // 4 + b % 4) / unpack rate + b * weights / int8 MAC rate
     attention max(KV bytes / bw(level of the KV), flops / attention rate) + one small op (rope, append)
     norms    small_op_ns each
 
@@ -192,12 +192,20 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
     t_eff = min(t, tasks)
     read = nbytes / (rates.read_gbs(level, cores) * 1e9 * cal.matmul_read_efficiency * t_eff / t)
     n_weights = w.op_macs(op) // w.concurrency
-    compute = n_weights / (t_eff * cal.unpack_weights_per_core) + n_weights * b / (t_eff * cal.matmul_macs_per_core)
+    # the kernel decodes each weight block once per 4 activation rows, then once per
+    # remaining row (vnni_matmul: 4-row and 1-row paths)
+    unpacks = b // 4 + b % 4
+    compute = (n_weights * unpacks / (t_eff * cal.unpack_weights_per_core)
+               + n_weights * b / (t_eff * cal.matmul_macs_per_core))
     over = tasks * cal.task_ns * 1e-9 / t_eff
+    body = max(read, compute)
+    # tiles are claimed dynamically: while the last tile runs, the other workers of the
+    # domain wait on average half a tile (nothing when every worker gets one tile)
+    tail = 0.0 if tasks <= t_eff else 0.5 * (t_eff - 1) / t_eff * body * t_eff / tasks
     acc.add(f"weights_{level}", read)
     acc.add("matmul_compute", compute)
-    acc.add("tasks", over)
-    dt = max(read, compute) + over
+    acc.add("tasks", over + tail)
+    dt = body + over + tail
     acc.busy += dt
     return dt
 

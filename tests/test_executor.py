@@ -174,3 +174,15 @@ def test_llm_runs_the_plan_on_the_executor():
     assert cores == {c for d in llm.plan.domains for c in d.cores}
     text = llm.generate("The three primary colors are", max_tokens=12, temperature=0)
     assert len(text) > 0
+
+
+def test_bad_pin_mode_is_a_usage_error():
+    from llcinfer.errors import UsageError
+    from llcinfer.executor.workers import placement
+
+    with pytest.raises(UsageError, match="LLCINFER_PIN must be domain, core or none"):
+        placement([0, 1], None, "bogus")
+    assert placement([0, 1], [0, 1], "domain") == [{0}, {1}]
+    assert placement([0, 1], None, "domain") == [{0, 1}, {0, 1}]
+    assert placement([0, 1], None, "core") == [{0}, {1}]
+    assert placement([0, 1], None, "none") == [None, None]

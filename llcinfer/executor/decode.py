@@ -41,27 +41,11 @@ class Domains:
         return list(self.weight) + list(self.attention)
 
 
-def physical_cores(cpus=None) -> list[int]:
-    """One logical CPU per physical core among ``cpus`` (default: this process's affinity),
-    in order; SMT siblings come after all first threads."""
-    import os
-
-    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
-    first, rest, seen = [], [], set()
-    for cpu in cpus:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-                key = f.read().strip()
-        except OSError:
-            key = str(cpu)
-        (rest if key in seen else first).append(cpu)
-        seen.add(key)
-    return first + rest
-
-
 def default_domains(threads: int) -> Domains:
-    """One shared domain on ``threads`` distinct physical cores (the planner refines this)."""
-    cores = physical_cores()
+    """One shared domain on ``threads`` distinct physical cores (no plan: benchmarks, tests)."""
+    from ..planner import detect_machine
+
+    cores = detect_machine(probe=False).physical_cores()
     n = max(1, min(int(threads), len(cores)))
     return Domains(weight=tuple(cores[:n]))
 
@@ -158,6 +142,7 @@ class DecodeExecutor:
                 pmax=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax max
                 psum=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax sum
                 pacc=np.zeros((M * KVH * n_splits, G, D), f32),  # [M*KVH*S, G, D] partial outputs
+                counters=np.zeros(self.program(M, n_splits).n_counters * COUNTER_STRIDE, np.int64),
             )
         return self._buffers[key]
 
@@ -194,7 +179,8 @@ class DecodeExecutor:
         prog, b = self.program(M, S), self.buffers(M, S)
         self.last_program = prog
         b["x"][:] = self.model.weights.token_embd.get_rows(ids)
-        counters = np.zeros(prog.n_counters * COUNTER_STRIDE, np.int64)  # [counter * 8] one per cache line
+        counters = b["counters"]  # [counter * 8] one per cache line, zeroed for this step
+        counters[:] = 0
         m = self.model
         args = (prog.ops, prog.order, counters, self.mat_addr, self.mat_groups, self.mat_stride, self.mat_qt, self.mat_kind, self.tag,
                 b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"],

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from ..errors import LLCInferError
+from ..errors import LLCInferError, UsageError
 from .atomics import COUNTER_STRIDE
 from .step_kernel import ABORT, wait_job
 
@@ -52,6 +52,8 @@ def placement(cores: list[int | None], domain_of: list[int] | None = None, mode:
     """The CPU set each worker is pinned to under LLCINFER_PIN ``mode`` (see PIN):
     worker w's core, the cores of its domain (workers with equal ``domain_of``), or None."""
     mode = PIN if mode is None else mode
+    if mode not in ("domain", "core", "0", "none", "off"):
+        raise UsageError(f"LLCINFER_PIN must be domain, core or none (got {mode!r})")
     if mode in ("0", "none", "off") or any(c is None for c in cores):
         return [None] * len(cores)
     if mode == "core":

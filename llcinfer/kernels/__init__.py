@@ -12,6 +12,7 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGMLQuantizationType as QT
 
 from ..errors import ModelFileError
+from . import amx_matmul
 from .act_quant import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K, quantize_activations, quantize_activations_int
 from .activation import swiglu
 from .attention import attention
@@ -112,12 +113,8 @@ class Linear:
             raise ValueError(f"{self.name}: output buffer {out.shape} {out.dtype}, expected [{x.shape[0]}, {self.rows}] float32")
         if llama_rounding and self.simd:
             q, d, s = quantize_activations_int(x, self.act_kind)
-            # --- AMX branch (amx_matmul.py): 16+ rows, a 32-block type, AMX usable here ---
-            from . import amx_matmul
-
-            if amx_matmul.use_amx(x.shape[0], int(self.qtype), self.isa):
+            if amx_matmul.use_amx(x.shape[0], int(self.qtype), self.isa):  # 16+ rows on AMX tiles
                 return amx_matmul.matmul(q, d, s, self.prepare(), int(self.qtype), out)
-            # --- end AMX branch: otherwise the VNNI kernels ---
             vnni_matmul(q, d, s, self.prepare(), int(self.qtype), out, make_tag(self.isa))
             return out
         if llama_rounding:

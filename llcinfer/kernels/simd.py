@@ -201,32 +201,25 @@ def vload_f16(typingctx, arr, off, tag):
     return ret(arr, off, tag), codegen
 
 
-@intrinsic
-def vload_u8(typingctx, arr, off, tag):
-    """W bytes at element ``off`` of a byte array, zero-extended to 32-bit lanes."""
-    n, _ = _tag_info(tag)
-    ret = Vec(n, False)
+def _bytes_to_lanes(signed: bool):
+    """An intrinsic loading W bytes at element ``off`` of a byte array, extended to 32-bit
+    lanes (sign-extended if ``signed``, else zero-extended)."""
 
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], args[1])
-        b = builder.load(builder.bitcast(p, ir.VectorType(_I8, n).as_pointer()), align=1)
-        return builder.zext(b, _vty(n))
+    def load(typingctx, arr, off, tag):
+        n, _ = _tag_info(tag)
 
-    return ret(arr, off, tag), codegen
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[0], args[0], args[1])
+            b = builder.load(builder.bitcast(p, ir.VectorType(_I8, n).as_pointer()), align=1)
+            return (builder.sext if signed else builder.zext)(b, _vty(n))
+
+        return Vec(n, False)(arr, off, tag), codegen
+
+    return intrinsic(load)
 
 
-@intrinsic
-def vload_s8(typingctx, arr, off, tag):
-    """W bytes at element ``off`` of a byte array, sign-extended to 32-bit lanes."""
-    n, _ = _tag_info(tag)
-    ret = Vec(n, False)
-
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], args[1])
-        b = builder.load(builder.bitcast(p, ir.VectorType(_I8, n).as_pointer()), align=1)
-        return builder.sext(b, _vty(n))
-
-    return ret(arr, off, tag), codegen
+vload_u8 = _bytes_to_lanes(signed=False)  # W bytes, zero-extended to 32-bit lanes
+vload_s8 = _bytes_to_lanes(signed=True)  # W bytes, sign-extended to 32-bit lanes
 
 
 @intrinsic

@@ -42,13 +42,15 @@ def test_block_geometry_and_table_arithmetic():
     v = rng.standard_normal((11, 2, 32)).astype(np.float32)
     seq.store(1, 0, k, v)
     seq.n_tokens = 11
-    # position p lives in block table[p // bs], slot p % bs, layout [layer, kv, kv_head, token, D]
+    # position p lives in block table[p // bs], slot p % bs; per (layer, kv, kv_head) a block
+    # holds K transposed [D, token] and V as [token, D]
     for p in range(11):
         blk, j = seq.table[p // 4], p % 4
         for h in range(2):
-            for kv, src in ((0, k), (1, v)):
-                off = (((1 * 2 + kv) * 2 + h) * 4 + j) * 32
-                np.testing.assert_array_equal(pool.data[blk, off:off + 32], src[p, h])
+            base_k = ((1 * 2 + 0) * 2 + h) * 4 * 32
+            np.testing.assert_array_equal(pool.data[blk, base_k + j:base_k + 4 * 32:4], k[p, h])
+            off_v = (((1 * 2 + 1) * 2 + h) * 4 + j) * 32
+            np.testing.assert_array_equal(pool.data[blk, off_v:off_v + 32], v[p, h])
 
 
 def test_addresses_fixed_while_sequences_grow():

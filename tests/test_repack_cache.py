@@ -312,3 +312,34 @@ def test_evicted_file_is_read_back(models, cache):
     assert all(0 <= a < b <= pack.data.size for a, b in missing)
     rc._read_ranges(str(f), missing)
     assert rc._missing(pack.data) == []
+
+
+def test_background_load_and_hugepages_off(models, cache, monkeypatch):
+    """A cached file is read into anonymous (huge-page) memory on a thread: an array taken
+    with wait=False holds the file's bytes once wait_loaded() returns; with
+    LLCINFER_HUGEPAGES=0 the file is mapped instead; both equal a fresh repack."""
+    path, isa = models("Q4_K"), ISAS[0]
+    want = fresh(path, isa)
+    packed_all(path, isa)  # build the file
+    rc.clear()
+    f = GGUFFile(path)
+    early = {n: Linear(f.tensor(n), isa=isa).prepare(wait=False) for n in want}
+    rc.wait_loaded()
+    assert not rc._loading
+    assert_same(early, want)
+    monkeypatch.setenv("LLCINFER_HUGEPAGES", "0")
+    assert_same(packed_all(path, isa), want)
+    assert rc.STATS["mapped"] > 0 and rc.STATS["built"] == 0
+
+
+def test_file_cut_while_loading_is_a_clear_error(models, cache):
+    path, isa = models("Q8_0"), ISAS[0]
+    packed_all(path, isa)
+    rc.wait_loaded()
+    pack = next(p for p in rc._packs.values() if p is not None)
+    with open(pack.slot, "r+b") as fh:  # the file shrinks after the header was checked
+        fh.truncate(os.path.getsize(pack.slot) // 2)
+    pack.loaded.clear()
+    pack._load()
+    with pytest.raises(rc.ModelFileError, match="cannot read the repacked weights"):
+        pack.wait()

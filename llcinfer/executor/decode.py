@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
 from ..kernels.paged_attention import n_splits_for
+from ..kernels.repack_cache import wait_loaded
 from ..kernels.simd import lanes, make_tag
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
@@ -77,7 +78,8 @@ class DecodeExecutor:
         self.isa = lins[0][0].isa
         self.tag = make_tag(self.isa)
         flat = [lin for group in lins for lin in group]
-        self.mats = [lin.prepare() for lin in flat]  # [n_mats] packed [groups, bytes]; kept alive here
+        self.mats = [lin.prepare(wait=False) for lin in flat]  # [n_mats] packed [groups, bytes]; kept alive here
+        self._weights_loaded = False
         if not all(p.flags.c_contiguous for p in self.mats):
             raise UnsupportedModelError("executor: packed weights are not contiguous")
         self.mat_addr = np.array([p.ctypes.data for p in self.mats], np.int64)  # [n_mats] addresses
@@ -177,6 +179,9 @@ class DecodeExecutor:
         self.model_block_size = pool.block_size
         S = self.n_splits(M, int(pos.max()) + 1)
         prog, b = self.program(M, S), self.buffers(M, S)
+        if not self._weights_loaded:  # the repacked weights may still be streaming in
+            wait_loaded()
+            self._weights_loaded = True
         self.last_program = prog
         b["x"][:] = self.model.weights.token_embd.get_rows(ids)
         counters = b["counters"]  # [counter * 8] one per cache line, zeroed for this step

@@ -14,6 +14,7 @@ import numpy as np
 from .act_quant import _half_bits, quantize_q8_0_int, quantize_q8_k_int
 from .jit import kernel
 from .norm import rms_norm
+from .paged_attention import kv_offset
 
 
 @kernel
@@ -41,7 +42,7 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, inv_freq, ne
     bq # [H*D], bk, bv  # [KVH*D] biases (has_bias)
     lut  # [65536] f16 bits -> f32 (round_q: q = f16(q))
     pos, seq  # [M] position and sequence of each row;  tables  # [n_seq, blocks] int32
-    pool  # [block, elems]: f16 bits (kind 1) or f32 (kind 0), layout of kv/pool.py
+    pool  # [block, elems]: f16 bits (kind 1) or f32 (kind 0), layout of paged_attention.py (K^T)
     """
     M = q.shape[0]
     half = D // 2
@@ -83,14 +84,14 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, inv_freq, ne
         table = tables[seq[m]]
         blk = table[p // bs]
         slot = p % bs
-        off_k = (((layer * 2 + 0) * KVH + kvh) * bs + slot) * D
-        off_v = (((layer * 2 + 1) * KVH + kvh) * bs + slot) * D
+        off_k = kv_offset(layer, 0, kvh, slot, 0, KVH, bs, D, kind)  # K^T: element d at off_k + d * bs
+        off_v = kv_offset(layer, 1, kvh, slot, 0, KVH, bs, D, kind)
         for d in range(D):
             if kind == 1:
                 scratch[0] = k[m, ko + d]
-                pool[blk, off_k + d] = _half_bits(scratch.view(np.uint32)[0])
+                pool[blk, off_k + d * bs] = _half_bits(scratch.view(np.uint32)[0])
                 scratch[0] = v[m, ko + d]
                 pool[blk, off_v + d] = _half_bits(scratch.view(np.uint32)[0])
             else:
-                pool[blk, off_k + d] = k[m, ko + d]
+                pool[blk, off_k + d * bs] = k[m, ko + d]
                 pool[blk, off_v + d] = v[m, ko + d]

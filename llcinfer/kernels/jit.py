@@ -3,13 +3,55 @@
 Kernels import ``kernel`` (serial, nogil) and ``parallel_kernel`` (prange) from here and
 never pass numba options themselves.  ``LLCINFER_NUMBA_CACHE=0`` turns the on-disk cache
 off (useful when editing kernels).
+
+The on-disk cache lives in ``$LLCINFER_HOME/numba/<hash of llcinfer's sources>``: numba
+keys a cached function by its own file only, and a kernel's cached machine code includes
+the callees it inlined from other modules, so after an edit or an upgrade of any of them
+it would run the old callee (a changed KV layout read by stale attention code, say).  A
+new hash starts an empty directory; directories of other hashes unused for a day are
+removed.  ``NUMBA_CACHE_DIR`` set by the user is left alone.
 """
 
+import hashlib
 import os
+import shutil
+import time
+from pathlib import Path
 
 import numba
 
 _CACHE = os.environ.get("LLCINFER_NUMBA_CACHE", "1") != "0"
+_STALE_SECONDS = 86400
+
+
+def _sources_hash() -> str:
+    root = Path(__file__).resolve().parent.parent  # the llcinfer package
+    h = hashlib.sha256(numba.__version__.encode())
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _versioned_cache_dir() -> None:
+    """Point numba's cache at a directory of this exact source tree (see module doc)."""
+    if not _CACHE or os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    home = Path(os.environ.get("LLCINFER_HOME") or Path.home() / ".cache" / "llcinfer").expanduser()
+    base = home / "numba"
+    here = base / _sources_hash()
+    try:
+        here.mkdir(parents=True, exist_ok=True)
+        os.utime(here)
+        for other in base.iterdir():
+            if other != here and other.is_dir() and time.time() - other.stat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(other, ignore_errors=True)
+    except OSError:  # read-only home: numba's default (next to the sources) or no cache
+        return
+    numba.config.CACHE_DIR = str(here)
+
+
+_versioned_cache_dir()
 
 # Thread pool: OpenMP (numba's first choice when TBB is absent) with passive waiting.
 # Measured on a busy 2-core host, per parallel-region launch: OpenMP spinning 2.4 us

@@ -19,11 +19,15 @@ it behind.
 
 The first ``packed()`` of a model with no valid file repacks every matrix of the model
 at once (``_candidates``: what the forward pass repacks) and writes the file atomically
-(a temporary file, fsync, os.replace); later calls and processes map it read-only
-(mmap) and return views: C-contiguous uint8 [groups, bytes] starting on 64-byte
-boundaries.  Pages of the file that are not in the page cache at that point are read
-in on a background thread (``_prefetch``) while the rest of the start goes on.  Files
-smaller than ``MIN_FILE_SIZE`` (test models) are repacked in memory.
+(a temporary file, fsync, os.replace); later calls and processes open it and return
+views: C-contiguous uint8 [groups, bytes] starting on 64-byte boundaries.  The file is
+read into anonymous memory on 2 MiB pages (llcinfer/hugepages.py: the weights stream
+about 5-10 % faster than from the file's 4 KiB page-cache pages) by a background thread
+while the rest of the start goes on (numba, tokenizer); ``wait_loaded()``, which every
+user of the arrays calls before a kernel reads them, waits for it.  With
+``LLCINFER_HUGEPAGES=0`` the file is mapped read-only instead, and the pages not in the
+page cache are read in on a background thread (``_prefetch``).  Files smaller than
+``MIN_FILE_SIZE`` (test models) are repacked in memory.
 
 ``LLCINFER_REPACK_CACHE``: ``0`` turns the cache off; a path puts it in that directory
 instead.  When the cache cannot be written (no space: ``MIN_FREE_BYTES`` must stay free
@@ -49,7 +53,9 @@ import zlib
 
 import numpy as np
 
+from .. import hugepages
 from ..catalog import llcinfer_home
+from ..errors import ModelFileError
 from ..gguf_file import INDEX_MIN_FILE_SIZE
 from . import repack as _rp
 
@@ -64,6 +70,7 @@ _MAX_HEADER = 64 << 20
 _lock = threading.Lock()
 # (file, GGUF identity, W, layout version) -> the open pack; None: not writable, in memory
 _packs: dict[tuple, "_Pack | None"] = {}
+_loading: list["_Pack"] = []  # packs whose file is still being read into memory
 STATS = {"mapped": 0, "built": 0, "in_memory": 0, "build_seconds": 0.0, "map_seconds": 0.0}
 
 
@@ -79,6 +86,7 @@ def cache_dir() -> str | None:
 
 def clear() -> None:
     """Forget the open packs (the arrays already handed out stay valid) and the counters."""
+    wait_loaded()
     with _lock:
         _packs.clear()
         STATS.update(mapped=0, built=0, in_memory=0, build_seconds=0.0, map_seconds=0.0)
@@ -86,7 +94,8 @@ def clear() -> None:
 
 def packed(w: np.ndarray, name: str, qtype: int, K: int, W: int) -> np.ndarray:
     """``repack(w, qtype, K, W)``, read-only; from the disk cache when ``w`` is a tensor
-    ``name`` of a GGUF file's memory map (``GGUFFile``) and the cache is on."""
+    ``name`` of a GGUF file's memory map (``GGUFFile``) and the cache is on.  A cached
+    array may still be filling: ``wait_loaded()`` before reading it."""
     pack = _pack_for(w, W)
     if pack is not None:
         a = pack.get(name, qtype, w.shape[0], K)
@@ -98,6 +107,17 @@ def packed(w: np.ndarray, name: str, qtype: int, K: int, W: int) -> np.ndarray:
             return a
     STATS["in_memory"] += 1
     return _readonly(_rp.repack(w, qtype, K, W))
+
+
+def wait_loaded() -> None:
+    """Block until every opened cache file is in memory (at once when it is: the check is
+    one list test).  Raises ModelFileError when a file could not be read."""
+    while _loading:
+        pack = _loading[0]
+        pack.wait()
+        with _lock:
+            if _loading and _loading[0] is pack:
+                _loading.pop(0)
 
 
 # ------------------------------------------------------------------------------ lookup
@@ -137,8 +157,6 @@ def _pack_for(w: np.ndarray, W: int) -> "_Pack | None":
             return _packs[key]
         t0 = time.perf_counter()
         pack = _Pack.open(slot, ident, W)
-        if pack is not None:
-            _prefetch(pack)
         STATS["map_seconds"] += time.perf_counter() - t0
         if pack is None:
             pack = _build(slot, ident, W, path, names=())
@@ -168,8 +186,37 @@ class _Pack:
     def __init__(self, slot: str, ident: dict, W: int, entries: dict, data: np.ndarray):
         self.slot, self.ident, self.W = slot, ident, W
         self.entries = entries  # name -> header entry
-        self.data = data  # [file size] uint8, read-only
+        self.data = data  # [file size] uint8 (the kernels see read-only views)
         self.refused: set[str] = set()  # names a rebuild could not add
+        self.loaded = threading.Event()  # set once data holds the whole file
+        self.load_error: str | None = None
+        self.loaded.set()
+
+    def wait(self) -> None:
+        self.loaded.wait()
+        if self.load_error:
+            raise ModelFileError(f"cannot read the repacked weights {self.slot}: {self.load_error}")
+
+    def _load_in_background(self) -> None:
+        """Read the file into ``data`` (anonymous memory) on a thread; ``wait`` joins."""
+        self.loaded.clear()
+        _loading.append(self)
+        threading.Thread(target=self._load, name="llcinfer-load-weights", daemon=True).start()
+
+    def _load(self) -> None:
+        view = memoryview(self.data)
+        try:
+            with open(self.slot, "rb", buffering=0) as fh:
+                a = 0
+                while a < self.data.size:
+                    n = fh.readinto(view[a:a + PREFETCH_CHUNK])
+                    if not n:
+                        raise OSError(f"file ends at byte {a} of {self.data.size}")
+                    a += n
+        except OSError as e:
+            self.load_error = str(e)
+        finally:
+            self.loaded.set()
 
     @classmethod
     def open(cls, slot: str, ident: dict, W: int) -> "_Pack | None":
@@ -186,10 +233,19 @@ class _Pack:
                 entries = {e["name"]: e for e in head["tensors"]}
                 if not all(_entry_ok(e, W, head["data_start"], size) for e in entries.values()):
                     return None
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                huge = hugepages.enabled()
+                if huge:
+                    mm = hugepages.anonymous(size)  # filled by _load_in_background
+                else:
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except Exception:  # unreadable, or a header of the wrong shape: rebuild
             return None
-        return cls(slot, ident, W, entries, np.frombuffer(mm, np.uint8))
+        pack = cls(slot, ident, W, entries, np.frombuffer(mm, np.uint8))
+        if huge:
+            pack._load_in_background()
+        else:
+            _prefetch(pack)
+        return pack
 
     def get(self, name: str, qtype: int, N: int, K: int) -> np.ndarray | None:
         """The packed matrix ``name`` (a view of the map), or None when absent or recorded
@@ -200,7 +256,7 @@ class _Pack:
         G, B = e["shape"]
         a = self.data[e["offset"]:e["offset"] + G * B].reshape(G, B)
         assert a.flags.c_contiguous and a.ctypes.data % ALIGN == 0
-        return a
+        return _readonly(a)
 
 
 def _parse_header(fh, size: int) -> dict | None:
@@ -365,6 +421,8 @@ def _settle_header(head: dict, data_bytes: int) -> bytes:
 
 def _packed_bytes(t, e: dict, W: int, old: _Pack | None) -> np.ndarray:
     """The packed matrix of entry ``e``: copied from ``old`` when it has it, else repacked."""
+    if old is not None:
+        old.wait()
     a = None if old is None else old.get(e["name"], e["qtype"], e["rows"], e["cols"])
     return a if a is not None else _rp.repack(t.data, e["qtype"], e["cols"], W)
 

@@ -139,7 +139,11 @@ class PagedSequence:
             blk, j = int(self.table[t // bs]), t % bs
             for kv in (0, 1):
                 rows = ((layer * 2 + kv) * KVH + np.arange(KVH)) * bs + j  # [KVH] row ids
-                raw = p.data[blk, (rows[:, None] * D + np.arange(D)).ravel()].reshape(KVH, D)
+                if kv == 0 and p.kind != 2:  # K^T [D, bs] per head (paged_attention.kv_offset)
+                    idx = ((layer * 2) * KVH + np.arange(KVH))[:, None] * bs * D + np.arange(D) * bs + j
+                else:
+                    idx = rows[:, None] * D + np.arange(D)
+                raw = p.data[blk, idx.ravel()].reshape(KVH, D)
                 if p.kind == 1:
                     out[kv, t - start] = raw.view(np.float16)
                 elif p.kind == 0:

@@ -22,11 +22,11 @@ last user leaves (cached, evictable, least recently used first).
 from __future__ import annotations
 
 import mmap
-import sys
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import hugepages
 from ..errors import OutOfMemoryError, UsageError
 
 KV_TYPES = ("f16", "int8", "f32")
@@ -37,7 +37,6 @@ INT8_GROUP = 32  # int8 values per scale (llama.cpp's q8_0 block), head_dim if n
 
 # Linux x86/arm value; Python < 3.12 does not export it (the kernel ignores unknown bits
 # only on exotic architectures, where the mapping is then merely accounted, not refused).
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 
 def default_budget(model_bytes: int = 0, margin: int = 512 << 20) -> int:
@@ -81,8 +80,7 @@ class KVPool:
         self.used_bytes_per_block = data_bytes + scale_bytes
         self.reserved_bytes = self.block_bytes * self.n_blocks
         try:
-            self._map = mmap.mmap(-1, self.reserved_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
-                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map = hugepages.anonymous(self.reserved_bytes, noreserve=True)  # 2 MiB pages where allowed
         except (OSError, OverflowError) as e:
             raise OutOfMemoryError(f"cannot reserve {self.reserved_bytes / 2**30:.1f} GiB of address space "
                                    f"for the KV pool: {e}") from None

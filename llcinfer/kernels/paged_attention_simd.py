@@ -1,0 +1,298 @@
+"""Explicit-SIMD decode attention over the f16 / f32 paged KV pool (paged_attention.py
+holds the layout, the scalar loops and the dispatch).
+
+One task = (query row m, kv head, split of the key blocks), as ``paged_attention._task``.
+K is stored transposed within a block (``[d, token]``, see paged_attention.py), so the
+scores of W keys come out of plain vector FMAs, with no horizontal sums:
+
+    s[g, j0:j0+W] = sum_d  q[g, d] * K^T[d, j0:j0+W]      (one vcvtph2ps per d, shared by
+                                                          the G heads of the group)
+
+V stays row-major ([token, d]) and is accumulated as acc[g, :] += p[g, j] v[j, :], the
+accumulators of a group of heads in registers.  The softmax is online per block (vector
+exp on the score vectors), and the blocks ahead are prefetched.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .jit import kernel
+from .simd import (VTag, addr, elt_kind, fma_ir, lane_mask_ir, load_as_f32, prefetch_l2, splat_ir, vadd, vexp,
+                   vhmax, vhsum, vlanes, vloadf, vmaxf, vmul, vsplat, vstore, vsub)
+
+_PREFETCH = 2  # key blocks ahead (measured at 4096 keys, 1 thread: 2 to 8 alike, none 1.4x slower)
+_NEG = np.float32(-1e30)  # "minus infinity" that stays finite under fastmath (ninf)
+
+
+def _switch_ir(builder, value, cases, default):
+    """IR: run cases[k]() when value == k, else default(); each emits code at the builder."""
+    merge = builder.append_basic_block("sw.end")
+    other = builder.append_basic_block("sw.default")
+    sw = builder.switch(value, other)
+    for k, emit in cases.items():
+        bb = builder.append_basic_block(f"sw.{k}")
+        sw.add_case(ir.Constant(value.type, k), bb)
+        builder.position_at_end(bb)
+        emit()
+        builder.branch(merge)
+    builder.position_at_end(other)
+    default()
+    builder.branch(merge)
+    builder.position_at_end(merge)
+
+
+def _heads_ir(builder, emit, nc, gb, args, head_steps):
+    """IR: emit(NC, GB, args) for nc == 4 and gb in 1..4 heads (unrolled: each K/V vector
+    widened once for the group); nc 2 or 1 (row tails): one head at a time, address
+    arguments advanced by head_steps (bytes per head, IR values or None) in a loop."""
+
+    def one_by_one(NC):
+        with cgutils.for_range(builder, gb) as loop:
+            emit(NC, 1, [a if s is None else builder.add(a, builder.mul(s, loop.index))
+                         for a, s in zip(args, head_steps)])
+
+    _switch_ir(builder, nc, {4: lambda: _switch_ir(builder, gb, {g: (lambda g=g: emit(4, g, args)) for g in (1, 2, 3)},
+                                                   lambda: emit(4, 4, args)),
+                             2: lambda: one_by_one(2)}, lambda: one_by_one(1))
+
+
+def _typed(ints, vt, arr):
+    """Check an intrinsic's argument types: integers, a VTag, an array whose elements
+    ``load_as_f32`` reads; returns (W, element kind) or None."""
+    kind = elt_kind(arr)
+    if kind is None or not isinstance(vt, VTag) or not all(isinstance(a, types.Integer) for a in ints):
+        return None
+    return vt.n, kind
+
+
+# heads per _qk_t call by vector width: 2 x gmax accumulators + the key vector fit in the
+# registers (32 zmm; 16 ymm on AVX2)
+QK_HEADS = {16: 8, 8: 4}
+
+
+@intrinsic
+def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool):
+    """Scores of gb query heads against W keys stored transposed: lane j of head g's result
+    = sum_{d < nd} q[g, d] * K^T[d, j], stored at sa + g * sstride floats; lanes j >= nk get
+    _NEG.
+
+    q rows (f32, pre-scaled) at address qa, nd floats apart; K^T row d (W elements as
+    ``pool``'s) at ka + d * kstride bytes.  Each K^T row is widened once for all heads; two
+    chains of accumulators (even and odd d) hide the FMA latency."""
+    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb), vt, pool)
+    if t is None:
+        return None
+    W, EK = t
+    gmax = QK_HEADS[W]
+
+    def codegen(context, builder, sig, args):
+        i64, f32 = ir.IntType(64), ir.FloatType()
+        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_ = [context.cast(builder, a, ty, types.int64)
+                                                 for a, ty in zip(args[:8], sig.args[:8])]
+        vty = ir.VectorType(f32, W)
+
+        def emit(GB):
+            qp = builder.inttoptr(qa_, f32.as_pointer())
+            kbase = builder.inttoptr(ka_, ir.IntType(8).as_pointer())
+            chains = [[cgutils.alloca_once(builder, vty) for _ in range(GB)] for _ in range(2)]
+            for slot in chains[0] + chains[1]:
+                builder.store(ir.Constant(vty, None), slot)
+            with cgutils.for_range(builder, builder.ashr(nd_, ir.Constant(i64, 1))) as loop:
+                for c in range(2):
+                    d = builder.add(builder.shl(loop.index, ir.Constant(i64, 1)), ir.Constant(i64, c))
+                    kv = load_as_f32(builder, builder.gep(kbase, [builder.mul(d, ks_)]), W, EK)
+                    for g in range(GB):
+                        qg = builder.load(builder.gep(qp, [builder.add(builder.mul(nd_, ir.Constant(i64, g)), d)]))
+                        slot = chains[c][g]
+                        builder.store(fma_ir(builder, splat_ir(builder, qg, W), kv, builder.load(slot)), slot)
+            keep = lane_mask_ir(builder, W, nk_)
+            neg = ir.Constant(vty, [float(_NEG)] * W)
+            sp = builder.inttoptr(sa_, f32.as_pointer())
+            for g in range(GB):
+                dst = builder.bitcast(builder.gep(sp, [builder.mul(ss_, ir.Constant(i64, g))]), vty.as_pointer())
+                s = builder.fadd(builder.load(chains[0][g]), builder.load(chains[1][g]))
+                builder.store(builder.select(keep, s, neg), dst, align=1)
+
+        _switch_ir(builder, gb_, {g: (lambda g=g: emit(g)) for g in range(1, gmax + 1)}, lambda: None)
+        return context.get_dummy_value()
+
+    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool), codegen
+
+
+@intrinsic
+def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool):
+    """acc[g, :] = acc[g, :] * corr[g] + sum_{j < nk} p[g, j] * v[j, :] for gb heads, over
+    nc vectors of columns.
+
+    acc rows (f32) at aa and value rows (elements as ``pool``'s) at va, both ``ld``
+    elements apart; p rows at pa + g * pstride floats; corr[g] at ca.  The accumulators of
+    the group stay in registers over the keys; each value vector is widened once for all
+    its heads."""
+    t = _typed((aa, pa, pstride, ca, va, ld, nk, nc, gb), vt, pool)
+    if t is None:
+        return None
+    W, EK = t
+    esize = (4, 2, 1)[EK]
+
+    def codegen(context, builder, sig, args):
+        i64, f32 = ir.IntType(64), ir.FloatType()
+        vals = [context.cast(builder, a, ty, types.int64) for a, ty in zip(args[:9], sig.args[:9])]
+        vty = ir.VectorType(f32, W)
+
+        def emit(NC, GB, a):
+            aa_, pa_, ps_, ca_, va_, ld_, nk_ = a
+            ap = builder.inttoptr(aa_, f32.as_pointer())
+            pp = builder.inttoptr(pa_, f32.as_pointer())
+            cp = builder.inttoptr(ca_, f32.as_pointer())
+            vbase = builder.inttoptr(va_, ir.IntType(8).as_pointer())
+            row_b = builder.mul(ld_, ir.Constant(i64, esize))
+            aptr = [[builder.bitcast(builder.gep(ap, [builder.add(builder.mul(ld_, ir.Constant(i64, g)),
+                                                                  ir.Constant(i64, ci * W))]), vty.as_pointer())
+                     for ci in range(NC)] for g in range(GB)]
+            slots = []
+            for g in range(GB):
+                corr = splat_ir(builder, builder.load(builder.gep(cp, [ir.Constant(i64, g)])), W)
+                for ci in range(NC):
+                    slot = cgutils.alloca_once(builder, vty)
+                    builder.store(builder.fmul(builder.load(aptr[g][ci], align=1), corr), slot)
+                    slots.append(slot)
+            with cgutils.for_range(builder, nk_) as loop:
+                j = loop.index
+                row = builder.gep(vbase, [builder.mul(j, row_b)])
+                vv = [load_as_f32(builder, builder.gep(row, [ir.Constant(i64, ci * W * esize)]), W, EK)
+                      for ci in range(NC)]
+                for g in range(GB):
+                    pg = builder.load(builder.gep(pp, [builder.add(builder.mul(ps_, ir.Constant(i64, g)), j)]))
+                    pb = splat_ir(builder, pg, W)
+                    for ci in range(NC):
+                        s = slots[g * NC + ci]
+                        builder.store(fma_ir(builder, pb, vv[ci], builder.load(s)), s)
+            for g in range(GB):
+                for ci in range(NC):
+                    builder.store(builder.load(slots[g * NC + ci]), aptr[g][ci], align=1)
+
+        ps_, ld_, nc_, gb_ = vals[2], vals[5], vals[7], vals[8]
+        four = ir.Constant(i64, 4)
+        _heads_ir(builder, emit, nc_, gb_, vals[:7], [builder.mul(ld_, four), builder.mul(ps_, four), None, four, None,
+                                                      None, None])
+        return context.get_dummy_value()
+
+    return types.none(aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool), codegen
+
+
+@kernel
+def _pass_width(left):
+    """Vectors per row pass: 4 while at least 4 are left, then 2, then 1."""
+    return 4 if left >= 4 else (2 if left >= 2 else 1)
+
+
+@kernel
+def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vt):
+    """``_task`` on explicit vectors for f32 / f16 storage (D a multiple of W).
+
+    Per key block: scores for chunks of W keys (lanes = keys, ``_qk_t`` on the transposed
+    K), the online softmax on those vectors (vector exp), then ``_pv``.  K and V are read
+    straight from the pool and widened in registers; V rows go in passes of 4 (2, 1)
+    vectors, the G heads in groups of up to 4; the block _PREFETCH ahead is prefetched.
+    Needs bs a multiple of W and D a multiple of W (``_task`` checks).
+
+    The softmax exponentiates with the running max before this block's max is known and
+    redoes it only when the max grows, so the block max is off the critical path."""
+    M, H, D = q.shape
+    G = H // KVH
+    W = vlanes(vt)
+    s_idx = task % n_splits
+    mk = task // n_splits
+    m = mk // KVH
+    kvh = mk % KVH
+    h0 = kvh * G
+    t_end = n_past + m + 1
+    nb = (t_end + bs - 1) // bs
+    b0 = s_idx * nb // n_splits
+    b1 = (s_idx + 1) * nb // n_splits
+    nv = D // W  # vectors per row
+    SW = (bs + W - 1) // W * W  # scores row length: whole vectors
+    qs = np.empty((G, D), np.float32)  # [G, D] the group's query rows times scale
+    for g in range(G):
+        for d in range(D):
+            qs[g, d] = q[m, h0 + g, d] * scale
+    sbuf = np.empty((G, SW), np.float32)  # [G, key] scores, then probabilities, of one block
+    acc = np.zeros((G, D), np.float32)  # [G, D]
+    corr = np.empty(G, np.float32)  # [G] rescale of acc for the current block
+    rmax = np.full(G, _NEG, np.float32)
+    rsv = np.zeros((G, W), np.float32)  # [G, lane] running sums of probabilities
+    # P V: heads in groups of at most 4 (2 on 8 lanes: AVX2 has 16 registers), each V vector
+    # widened once per group.  Measured (in-cache, zmm): SmolLM2's 3 heads at once 1.1x
+    # faster than 2 + 1; Qwen2.5-0.5B's 4 + 3 as fast as 2 + 2 + 2 + 1, and all 7 at once
+    # 0.6-0.8x (spills)
+    gmax = 4 if W == 16 else 2
+    n_groups = (G + gmax - 1) // gmax
+    qk_max = 8 if W == 16 else 4  # QK_HEADS[W]: the scores of up to 8 heads per pass over K
+    n_qk = (G + qk_max - 1) // qk_max
+    esz = pool.itemsize
+    row_b = D * esz
+    kv_b = bs * row_b  # bytes of one (layer, K or V, head) in a block: K^T [D, bs], V [bs, D]
+    kv0 = addr(pool) + ((layer * 2 + 0) * KVH + kvh) * kv_b  # this (layer, K, head) in block 0
+    v_off = KVH * kv_b  # V rows follow the layer's K rows
+    qa, sa, aa, ca, rsa = addr(qs), addr(sbuf), addr(acc), addr(corr), addr(rsv)
+    for b in range(b0, b1):
+        kb = kv0 + np.int64(table[b]) * pool.strides[0]
+        n_valid = min(bs, t_end - b * bs)
+        if b + _PREFETCH < b1:  # K and V of the block _PREFETCH ahead, every line, towards L2
+            nxt = kv0 + np.int64(table[b + _PREFETCH]) * pool.strides[0]
+            for off in range(0, kv_b, 64):
+                prefetch_l2(nxt, off)
+                prefetch_l2(nxt + v_off, off)
+        for gi in range(n_qk):
+            g0 = gi * G // n_qk
+            gn = (gi + 1) * G // n_qk - g0
+            for ch in range(0, n_valid, W):
+                _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, min(W, n_valid - ch), D, sa + (g0 * SW + ch) * 4, SW,
+                      gn, vt, pool)
+        for g in range(G):
+            so = sa + g * SW * 4
+            ra = rsa + g * W * 4
+            ref = vsplat(rmax[g], vt)
+            rs = vloadf(ra, 0, vt)
+            s0 = vloadf(so, 0, vt)
+            mx = s0
+            for ch in range(W, n_valid, W):
+                mx = vmaxf(mx, vloadf(so, ch * 4, vt))
+            bm = vhmax(mx)
+            p = vexp(vsub(s0, ref))  # with the old reference max: not waiting for bm
+            if bm > rmax[g]:  # a new reference max: rescale (rare after the first blocks)
+                c = np.float32(np.exp(rmax[g] - bm))
+                rmax[g] = bm
+                corr[g] = c
+                ref = vsplat(bm, vt)
+                rs = vmul(rs, vsplat(c, vt))
+                p = vexp(vsub(s0, ref))
+            else:
+                corr[g] = 1.0
+            vstore(so, 0, p)
+            rs = vadd(rs, p)
+            for ch in range(W, n_valid, W):
+                p = vexp(vsub(vloadf(so, ch * 4, vt), ref))  # masked keys: exp(_NEG) = 0
+                vstore(so, ch * 4, p)
+                rs = vadd(rs, p)
+            vstore(ra, 0, rs)
+        vb = kb + v_off
+        for gi in range(n_groups):
+            g0 = gi * G // n_groups
+            gn = (gi + 1) * G // n_groups - g0
+            c0 = 0
+            while c0 < nv:
+                nc = _pass_width(nv - c0)
+                _pv(aa + (g0 * D + c0 * W) * 4, sa + g0 * SW * 4, SW, ca + g0 * 4, vb + c0 * W * esz, D, n_valid,
+                    nc, gn, vt, pool)
+                c0 += nc
+    for g in range(G):
+        pmax[task, g] = rmax[g]
+        psum[task, g] = vhsum(vloadf(rsa, g * W * 4, vt))
+        for d in range(D):
+            pacc[task, g, d] = acc[g, d]
+
+

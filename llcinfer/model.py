@@ -17,6 +17,7 @@ from .architectures import get_architecture
 from .architectures.base import ModelConfig, ModelWeights
 from .gguf_file import GGUFFile
 from .kv import DEFAULT_BLOCK_SIZE, KVPool, PagedSequence, PrefixCache, new_pool
+from .kernels.paged_attention import attention_tag
 from .kv_cache import KVCache
 
 
@@ -44,6 +45,8 @@ class Transformer:
         # Round matmul inputs to 8-bit blocks and K/V/Q to f16 as llama.cpp does (greedy
         # output then agrees with it except at near-ties); False keeps exact float32.
         self.llama_rounding = bool(llama_rounding)
+        # vector exp in SwiGLU (as llama.cpp's own SIMD expf) with llama_rounding; libm's otherwise
+        self.tag = attention_tag() if self.llama_rounding else None
         self.executor = None  # DecodeExecutor for one-token steps (use_executor), else the simple path
 
     def use_executor(self, domains=None) -> str | None:
@@ -147,7 +150,7 @@ class Transformer:
             x += lw.wo(attn.reshape(M, -1), llama_rounding=rnd)
             K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)
             gate, up = K.linear_many(h, [lw.w_gate, lw.w_up], rnd)  # [M, d_ff] each
-            K.swiglu(gate, up, gate)
+            K.swiglu(gate, up, gate, self.tag)
             x += lw.w_down(gate, llama_rounding=rnd)
         cache.finish(ids)  # n_tokens += M; full blocks indexed for prefix sharing
         rows = x if all_logits else x[-1:]

@@ -14,7 +14,9 @@ from gguf import quants as gguf_quants
 
 from llcinfer.errors import ModelFileError
 from llcinfer.kernels import Linear, linear_many, rms_norm, rope_inplace, swiglu
+from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels.attention import attention, attention_parallel, attention_serial
+from llcinfer.kernels.simd import make_tag
 
 from tiny_models import ALL_TYPES, FLOAT_TYPES, K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, fake_tensor
 
@@ -266,26 +268,42 @@ def test_rope_position_zero_is_identity_and_modes_differ():
 
 
 # ---------------------------------------------------------------------------- swiglu
-@pytest.mark.parametrize("M,F", [(1, 1), (3, 17), (17, 513)])
-def test_swiglu(M, F):
+_SWIGLU_PATHS = ["generic"] + [i for i in isa_mod.supported_isas() if i != "generic"]
+
+
+def _swiglu_tag(isa):
+    return None if isa == "generic" else make_tag(isa)
+
+
+@pytest.mark.parametrize("isa", _SWIGLU_PATHS)
+@pytest.mark.parametrize("M,F", [(1, 1), (3, 17), (17, 513), (2, 33), (1, 129)])
+def test_swiglu(M, F, isa):
     rng = np.random.default_rng(F)
     gate = (rng.standard_normal((M, F)) * 4).astype(np.float32)
     up = rng.standard_normal((M, F)).astype(np.float32)
     g = gate.astype(np.float64)
     ref = g / (1.0 + np.exp(-g)) * up
     y = np.empty_like(gate)
-    swiglu(gate, up, y)
+    swiglu(gate, up, y, _swiglu_tag(isa))
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
     g2 = gate.copy()
-    swiglu(g2, up, g2)  # in place (the model's usage); vectorised differently: ulp-level differences
+    swiglu(g2, up, g2, _swiglu_tag(isa))  # in place (the model's usage)
     np.testing.assert_allclose(g2, ref, rtol=1e-5, atol=1e-6)
+    if M > 1 and F > 4:  # column slices of wider rows (the executor's tiles)
+        wide_g, wide_u = np.zeros((M, F + 7), np.float32), np.zeros((M, F + 7), np.float32)
+        wide_g[:, 3:3 + F], wide_u[:, 3:3 + F] = gate, up
+        out = np.zeros((M, F + 7), np.float32)
+        swiglu(wide_g[:, 3:3 + F], wide_u[:, 3:3 + F], out[:, 3:3 + F], _swiglu_tag(isa))
+        np.testing.assert_allclose(out[:, 3:3 + F], ref, rtol=1e-5, atol=1e-6)
+        assert not out[:, :3].any() and not out[:, 3 + F:].any()
 
 
-def test_swiglu_extreme_gates():
-    gate = np.array([[-1000.0, -100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0, 1000.0]], np.float32)
+@pytest.mark.parametrize("isa", _SWIGLU_PATHS)
+def test_swiglu_extreme_gates(isa):
+    gate = np.array([[-1000.0, -100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0, 1000.0] * 2], np.float32)
     up = np.full_like(gate, 2.0)
     y = np.empty_like(gate)
-    swiglu(gate, up, y)
+    swiglu(gate, up, y, _swiglu_tag(isa))
     g = gate.astype(np.float64)
     with np.errstate(over="ignore"):
         ref = g / (1.0 + np.exp(-g)) * 2.0

@@ -212,7 +212,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                     _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, gu, tag)
                     _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT1], g0, g1, xq, xd, xs, uu, tag)
                     r1 = min(r0 + W, gu.shape[1])
-                    swiglu(gu[:, r0:r1], uu[:, r0:r1], actu[:, r0:r1])
+                    swiglu(gu[:, r0:r1], uu[:, r0:r1], actu[:, r0:r1], tag)
                 elif kind == LM_HEAD:
                     _matmul_rows(mat_addr, mat_groups, mat_stride, mat_qt, mat_kind, ops[o, F_MAT0], g0, g1, xq, xd, xs, lu, tag)
                 else:

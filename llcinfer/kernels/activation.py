@@ -3,20 +3,47 @@
     y = silu(gate) * up,   silu(g) = g / (1 + exp(-g))
 
 exp(-g) is clamped so a very negative gate gives 0 instead of inf/inf (fastmath assumes
-no infinities, and g / (1 + inf) came out NaN).
+no infinities, and g / (1 + inf) came out NaN).  With a ``tag`` (simd.make_tag) the
+exponentials are vectors (simd.vexp, within 2 ulp of expf, its own clamp at +-87); the
+scalar loop called libm's expf once per value, 10 % of a Qwen2.5-0.5B prefill.
 """
 
 import numpy as np
 
 from .jit import kernel
+from .simd import addr, vadd, vdiv, vexp, vlanes, vloadf, vmul, vsplat, vstore, vsub, vtag, vzero_f
 
 
 @kernel
-def swiglu(gate, up, y):
-    """gate, up, y  # [M, F] f32 (y may alias gate)"""
+def _swiglu_scalar(gate, up, y, m, f0):
+    for f in range(f0, gate.shape[1]):
+        g = gate[m, f]
+        e = np.exp(min(-g, np.float32(80.0)))
+        y[m, f] = g / (np.float32(1.0) + e) * up[m, f]
+
+
+@kernel
+def _swiglu_simd(gate, up, y, vt):
     M, F = gate.shape
+    W = vlanes(vt)
+    one = vsplat(np.float32(1.0), vt)
     for m in range(M):
-        for f in range(F):
-            g = gate[m, f]
-            e = np.exp(min(-g, np.float32(80.0)))
-            y[m, f] = g / (np.float32(1.0) + e) * up[m, f]
+        ga, ua, ya = addr(gate[m]), addr(up[m]), addr(y[m])
+        f = 0
+        while f + W <= F:
+            g = vloadf(ga, 4 * f, vt)
+            e = vexp(vsub(vzero_f(vt), g))
+            vstore(ya, 4 * f, vmul(vdiv(g, vadd(one, e)), vloadf(ua, 4 * f, vt)))
+            f += W
+        _swiglu_scalar(gate, up, y, m, f)
+
+
+@kernel
+def swiglu(gate, up, y, tag=None):
+    """gate, up, y  # [M, F] f32, rows contiguous (y may alias gate); tag: the SIMD path,
+    None for the scalar loop."""
+    if tag is None:
+        for m in range(gate.shape[0]):
+            _swiglu_scalar(gate, up, y, m, 0)
+    else:
+        _swiglu_simd(gate, up, y, vtag(tag))

@@ -4,7 +4,7 @@ Kernels import ``kernel`` (serial, nogil) and ``parallel_kernel`` (prange) from 
 never pass numba options themselves.  ``LLCINFER_NUMBA_CACHE=0`` turns the on-disk cache
 off (useful when editing kernels).
 
-The on-disk cache lives in ``$LLCINFER_HOME/numba/<hash of llcinfer's sources>``: numba
+The on-disk cache lives in ``$LLCINFER_HOME/numba/<hash of the kernel sources>``: numba
 keys a cached function by its own file only, and a kernel's cached machine code includes
 the callees it inlined from other modules, so after an edit or an upgrade of any of them
 it would run the old callee (a changed KV layout read by stale attention code, say).  A
@@ -25,11 +25,15 @@ _STALE_SECONDS = 86400
 
 
 def _sources_hash() -> str:
+    """Hash of numba's version and every module of the package that compiles kernels (its
+    text names numba or imports from this module)."""
     root = Path(__file__).resolve().parent.parent  # the llcinfer package
     h = hashlib.sha256(numba.__version__.encode())
     for p in sorted(root.rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode())
-        h.update(p.read_bytes())
+        text = p.read_bytes()
+        if b"numba" in text or b"jit import" in text:
+            h.update(p.relative_to(root).as_posix().encode())
+            h.update(text)
     return h.hexdigest()[:16]
 
 

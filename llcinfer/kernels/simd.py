@@ -300,6 +300,7 @@ def _binop(name, int_op, float_op=None):
 vadd = _binop("vadd", "add", "fadd")
 vsub = _binop("vsub", "sub", "fsub")
 vmul = _binop("vmul", "mul", "fmul")  # vpmulld for ints
+vdiv = _binop("vdiv", None, "fdiv")  # floats only
 vand = _binop("vand", "and_")
 vor = _binop("vor", "or_")
 

@@ -440,3 +440,21 @@ def test_linear_many_llama_rounding_equals_separate_calls(types):
             xr = aq.quantize_activations(x, lin.act_kind)
             assert_matmul_close(y, xr, oracle_weight(lin.info))
             assert not np.array_equal(xr, x)
+
+
+# ------------------------------------------------------------------------ get_rows (decode)
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_quant_get_rows_odd_sizes(qtype, rows):
+    """The numba row dequantizer (kernels/dequant.py) against gguf's, every row of odd-sized
+    matrices, ids repeated and out of order."""
+    from llcinfer.kernels.dequant import quant_get_rows
+    from llcinfer.kernels.tables import F16_TO_F32
+
+    rng = np.random.default_rng(rows)
+    for K in COLS[qtype]:
+        t = fake_tensor(rng, qtype, rows, K)
+        ids = np.concatenate([np.arange(rows)[::-1], [0, rows - 1]]).astype(np.int64)
+        out = np.full((ids.size, K), np.nan, np.float32)
+        quant_get_rows(t.data, ids, int(t.qtype), F16_TO_F32, out)
+        np.testing.assert_array_equal(out.astype(np.float64), oracle_weight(t)[ids])

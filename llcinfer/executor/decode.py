@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
+from ..kernels.fused import rope_table
 from ..kernels.paged_attention import n_splits_for
 from ..kernels.repack_cache import wait_loaded
 from ..kernels.simd import lanes, make_tag
@@ -63,6 +64,8 @@ def unsupported_reason(model) -> str | None:
         return "weight matrices on different ISA paths"
     if model.config.head_dim % lanes(lins[0].isa):
         return "head_dim is not a multiple of the vector lanes"
+    if model.inv_freq.shape[0] != model.config.head_dim // 2:
+        return "rope over part of the head (rope_dim < head_dim)"
     return None
 
 
@@ -141,6 +144,7 @@ class DecodeExecutor:
                 gate=np.zeros((M, c.d_ff), f32), up=np.zeros((M, c.d_ff), f32), act=np.zeros((M, c.d_ff), f32),
                 ytmp=np.zeros((M, c.d_model), f32),  # [M, d] Wo / W_down tile outputs before the residual add
                 logits=np.zeros((M, c.vocab_size), f32),
+                rope_cs=np.zeros((M, self.model.inv_freq.shape[0], 2), f32),  # [M, D/2, 2] rope cos / sin per row
                 pmax=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax max
                 psum=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax sum
                 pacc=np.zeros((M * KVH * n_splits, G, D), f32),  # [M*KVH*S, G, D] partial outputs
@@ -184,6 +188,7 @@ class DecodeExecutor:
             self._weights_loaded = True
         self.last_program = prog
         b["x"][:] = self.model.weights.token_embd.get_rows(ids)
+        rope_table(pos, self.model.inv_freq, b["rope_cs"])
         counters = b["counters"]  # [counter * 8] one per cache line, zeroed for this step
         counters[:] = 0
         m = self.model
@@ -191,7 +196,7 @@ class DecodeExecutor:
                 b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"],
                 b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm, self.ffn_norm,
                 m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv, self.has_bias,
-                m.inv_freq, c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data, pool.data_f32,
+                b["rope_cs"], c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data, pool.data_f32,
                 pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"], b["psum"], b["pacc"])
         codes = self.workers.run(lambda wid: run_worker(wid, *args), counters)
         if any(codes):

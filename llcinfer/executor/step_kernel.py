@@ -98,7 +98,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                x, hpriv, qpriv, dpriv, spriv,  # x [M, d] residual; private [workers, ...] inputs
                qb, kb, vb, attn, gate, up, act, ytmp, logits,  # activations (see model.forward)
                attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias,  # norms [L, d], biases [L, ...]
-               inv_freq, neox, round_q, lut, pos, seq, tables,  # rope; rows' positions / sequences
+               rope_cs, neox, round_q, lut, pos, seq, tables,  # rope [M, D/2, 2] cos/sin; rows' positions / sequences
                pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale,  # paged KV pool
                pmax, psum, pacc):  # attention partials [M*KVH*S, G(, D)]
     """Run worker ``wid``'s operators for one step; returns 0, or the abort code.
@@ -152,7 +152,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
             elif kind == ROPE:
                 if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):
                     return atomic_load(counters, ABORT)
-                rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ, inv_freq,
+                rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ, rope_cs[m0:m1],
                             neox, round_q, lut, pool, kv_kind, tables, layer, KVH, bs)
                 signal(counters, ops[o, F_DONE] + t)
             elif kind == ATTN:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import LLCInferError, UsageError
 from .atomics import COUNTER_STRIDE
-from .step_kernel import ABORT, wait_job
+from .step_kernel import ABORT, signal, wait_job
 
 # LLCINFER_PIN: 'domain' (default) pins each worker to its domain's cores, 'core' to one core
 # each, '0'/'none' leaves placement to the OS.  Per-core pinning is best on a dedicated
@@ -73,6 +73,7 @@ class WorkerPool:
         self.cpus = placement(self.cores, domain_of)  # [worker] CPU set it is pinned to
         self.n = len(cores)
         self._gen = np.zeros(COUNTER_STRIDE, np.int64)  # [8] job generation, slot 0
+        self._fin = np.zeros(COUNTER_STRIDE, np.int64)  # [8] jobs finished by workers 1.., slot 0
         self._events = [threading.Event() for _ in range(self.n)]
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -109,6 +110,7 @@ class WorkerPool:
                 return
             seen = target
             self._execute(wid)
+            signal(self._fin, 0)  # the caller spins on this first (no sleep / wake-up)
             with self._lock:
                 self._remaining -= 1
                 last = self._remaining == 0
@@ -124,6 +126,7 @@ class WorkerPool:
         self._results = [0] * self.n
         self._remaining = self.n - 1
         self._done.clear()
+        finished = int(self._fin[0]) + self.n - 1  # _fin once every other worker is done
         self._gen[0] += 1
         for ev in self._events[1:]:
             ev.set()
@@ -133,7 +136,7 @@ class WorkerPool:
         finally:
             if before is not None:
                 os.sched_setaffinity(0, before)
-        if self.n > 1:
+        if self.n > 1 and not wait_job(self._fin, 0, finished, SPINS):
             self._done.wait()
         self._job = self._abort = None  # drop the step's arrays
         if self._errors:

@@ -24,6 +24,7 @@ from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
 from .repack import SUPPORTED as _REPACK_TYPES
 from .repack_cache import packed as _packed_weights
 from .repack_cache import wait_loaded
+from .dequant import quant_get_rows
 from .rope import rope_inplace
 from .simd import lanes, make_tag
 from .tables import BF16_TO_F32, F16_TO_F32
@@ -146,7 +147,9 @@ class Linear:
             return out
         if self._kind == "f32":
             return self._w[ids].copy()
-        return gguf_quants.dequantize(self._w[ids], self.qtype).reshape(ids.size, self.cols)
+        out = np.empty((ids.size, self.cols), np.float32)
+        quant_get_rows(self._w, ids, int(self.qtype), F16_TO_F32, out)
+        return out
 
     def dequantize(self) -> np.ndarray:
         """The whole matrix as float32 [N, K] via gguf's reference dequantizers (oracle)."""

@@ -34,7 +34,18 @@ def norm_quant(x, w, eps, h, kmask, lut, q0, d0, s0, q1, d1, s1):
 
 
 @kernel
-def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, inv_freq, neox, round_q, lut,
+def rope_table(pos, inv_freq, cs):
+    """cs[m, i] = (cos, sin) of pos[m] * inv_freq[i]  # [M, D/2, 2] f32: once per decode step,
+    shared by every layer and head (rope_append)."""
+    for m in range(pos.shape[0]):
+        for i in range(inv_freq.shape[0]):
+            theta = np.float64(pos[m]) * inv_freq[i]
+            cs[m, i, 0] = np.float32(np.cos(theta))
+            cs[m, i, 1] = np.float32(np.sin(theta))
+
+
+@kernel
+def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, round_q, lut,
                 pool, kind, tables, layer, KVH, bs):
     """The KV group ``kvh`` of every row m:  q heads kvh*G .. kvh*G+G-1 and k/v head kvh.
 
@@ -42,6 +53,7 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, inv_freq, ne
     bq # [H*D], bk, bv  # [KVH*D] biases (has_bias)
     lut  # [65536] f16 bits -> f32 (round_q: q = f16(q))
     pos, seq  # [M] position and sequence of each row;  tables  # [n_seq, blocks] int32
+    cs  # [M, D/2, 2] rope cos / sin of each row (rope_table)
     pool  # [block, elems]: f16 bits (kind 1) or f32 (kind 0), layout of paged_attention.py (K^T)
     """
     M = q.shape[0]
@@ -59,9 +71,8 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, inv_freq, ne
                 for d in range(D):
                     q[m, qo + d] += bq[qo + d]
         for i in range(half):
-            theta = np.float64(p) * inv_freq[i]
-            c = np.float32(np.cos(theta))
-            s = np.float32(np.sin(theta))
+            c = cs[m, i, 0]
+            s = cs[m, i, 1]
             ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
             for hh in range(G + 1):
                 if hh < G:

@@ -20,7 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .jit import kernel
-from .simd import (VTag, addr, elt_kind, fma_ir, lane_mask_ir, load_as_f32, prefetch_l2, splat_ir, vadd, vexp,
+from .simd import (VTag, addr, elt_kind, fma_ir, lane_mask_ir, load_as_f32, splat_ir, vadd, vexp,
                    vhmax, vhsum, vlanes, vloadf, vmaxf, vmul, vsplat, vstore, vsub)
 
 _PREFETCH = 2  # key blocks ahead (measured at 4096 keys, 1 thread: 2 to 8 alike, none 1.4x slower)
@@ -73,16 +73,29 @@ def _typed(ints, vt, arr):
 QK_HEADS = {16: 8, 8: 4}
 
 
+def _prefetch_ir(builder, addr_i64):
+    """IR: prefetch the line at an int address towards L2 (as simd.prefetch_l2)."""
+    i32 = ir.IntType(32)
+    p = builder.inttoptr(addr_i64, ir.IntType(8).as_pointer())
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+
+
 @intrinsic
-def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool):
+def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb, vt, pool):
     """Scores of gb query heads against W keys stored transposed: lane j of head g's result
     = sum_{d < nd} q[g, d] * K^T[d, j], stored at sa + g * sstride floats; lanes j >= nk get
     _NEG.
 
     q rows (f32, pre-scaled) at address qa, nd floats apart; K^T row d (W elements as
     ``pool``'s) at ka + d * kstride bytes.  Each K^T row is widened once for all heads; two
-    chains of accumulators (even and odd d) hide the FMA latency."""
-    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb), vt, pool)
+    chains of accumulators (even and odd d) hide the FMA latency.
+
+    pfa, pfb (addresses, 0: none): two streams prefetched along, the bytes this call
+    reads from K (2 * kstride per step of the d loop) at each: the K^T and V of a block
+    ahead arrive spread over the loop instead of in one burst of misses."""
+    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb), vt, pool)
     if t is None:
         return None
     W, EK = t
@@ -90,9 +103,11 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool):
 
     def codegen(context, builder, sig, args):
         i64, f32 = ir.IntType(64), ir.FloatType()
-        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_ = [context.cast(builder, a, ty, types.int64)
-                                                 for a, ty in zip(args[:8], sig.args[:8])]
+        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_, pfa_, pfb_ = [context.cast(builder, a, ty, types.int64)
+                                                             for a, ty in zip(args[:10], sig.args[:10])]
         vty = ir.VectorType(f32, W)
+        step = builder.shl(ks_, ir.Constant(i64, 1))  # bytes of K^T per loop step
+        last = builder.sub(step, ir.Constant(i64, 1))
 
         def emit(GB):
             qp = builder.inttoptr(qa_, f32.as_pointer())
@@ -101,6 +116,11 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool):
             for slot in chains[0] + chains[1]:
                 builder.store(ir.Constant(vty, None), slot)
             with cgutils.for_range(builder, builder.ashr(nd_, ir.Constant(i64, 1))) as loop:
+                with builder.if_then(builder.icmp_signed("!=", pfa_, ir.Constant(i64, 0)), likely=True):
+                    off = builder.mul(loop.index, step)
+                    for base in (pfa_, pfb_):  # first and last byte of the step's span (f32: 2 lines)
+                        _prefetch_ir(builder, builder.add(base, off))
+                        _prefetch_ir(builder, builder.add(base, builder.add(off, last)))
                 for c in range(2):
                     d = builder.add(builder.shl(loop.index, ir.Constant(i64, 1)), ir.Constant(i64, c))
                     kv = load_as_f32(builder, builder.gep(kbase, [builder.mul(d, ks_)]), W, EK)
@@ -119,7 +139,7 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool):
         _switch_ir(builder, gb_, {g: (lambda g=g: emit(g)) for g in range(1, gmax + 1)}, lambda: None)
         return context.get_dummy_value()
 
-    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, vt, pool), codegen
+    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb, vt, pool), codegen
 
 
 @intrinsic
@@ -241,17 +261,15 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     for b in range(b0, b1):
         kb = kv0 + np.int64(table[b]) * pool.strides[0]
         n_valid = min(bs, t_end - b * bs)
-        if b + _PREFETCH < b1:  # K and V of the block _PREFETCH ahead, every line, towards L2
-            nxt = kv0 + np.int64(table[b + _PREFETCH]) * pool.strides[0]
-            for off in range(0, kv_b, 64):
-                prefetch_l2(nxt, off)
-                prefetch_l2(nxt + v_off, off)
+        # K and V of the block _PREFETCH ahead, towards L2, spread over the first QK pass
+        nxt = kv0 + np.int64(table[b + _PREFETCH]) * pool.strides[0] if b + _PREFETCH < b1 else 0
         for gi in range(n_qk):
             g0 = gi * G // n_qk
             gn = (gi + 1) * G // n_qk - g0
             for ch in range(0, n_valid, W):
+                first = gi == 0 and ch == 0
                 _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, min(W, n_valid - ch), D, sa + (g0 * SW + ch) * 4, SW,
-                      gn, vt, pool)
+                      gn, nxt if first else 0, nxt + v_off if first and nxt else 0, vt, pool)
         for g in range(G):
             so = sa + g * SW * 4
             ra = rsa + g * W * 4

@@ -14,7 +14,7 @@ llcinfer.bench.probe.read_bandwidth over the same number of bytes with the same 
 measured in the same run right after each case; '% probe' = GB/s / probe.
 
 The assembly check compiles the SIMD task afresh (in a child process, disk cache off)
-and counts vcvtph2ps, zmm/ymm FMAs, the shuffle tree and prefetches in its listing.
+and counts vcvtph2ps, zmm/ymm FMAs, shuffles (none since K is stored transposed) and prefetches in its listing.
 Results go to perf/results/attention-<date>.json (``--json`` to change).
 """
 

@@ -293,8 +293,10 @@ def test_page_runs():
     assert rc._runs(np.zeros(3, bool), 4096, 3 * 4096) == []
 
 
-def test_evicted_file_is_read_back(models, cache):
-    """A mapped file that left the page cache is read back by the prefetch thread."""
+def test_evicted_file_is_read_back(models, cache, monkeypatch):
+    """A mapped file (LLCINFER_HUGEPAGES=0) that left the page cache is read back by the
+    prefetch thread."""
+    monkeypatch.setenv("LLCINFER_HUGEPAGES", "0")
     path, isa = models("Q8_0"), ISAS[0]
     packed_all(path, isa)
     f = only_file(cache)

@@ -18,11 +18,20 @@ import mmap
 import os
 import sys
 
+from .errors import UsageError
+
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 
+_ON, _OFF = ("1", "on", "yes", "true", ""), ("0", "off", "no", "false")
+
+
 def enabled() -> bool:
-    return os.environ.get("LLCINFER_HUGEPAGES", "1").strip().lower() not in ("0", "off", "no", "false")
+    """LLCINFER_HUGEPAGES: on unless 0/off/no/false; anything else is a UsageError."""
+    value = os.environ.get("LLCINFER_HUGEPAGES", "1").strip().lower()
+    if value not in _ON + _OFF:
+        raise UsageError(f"LLCINFER_HUGEPAGES must be 1 or 0 (got {value!r})")
+    return value in _ON
 
 
 def advise(mm: mmap.mmap) -> bool:

@@ -342,6 +342,18 @@ def test_file_cut_while_loading_is_a_clear_error(models, cache):
     with open(pack.slot, "r+b") as fh:  # the file shrinks after the header was checked
         fh.truncate(os.path.getsize(pack.slot) // 2)
     pack.loaded.clear()
-    pack._load()
+    pack._load(os.open(pack.slot, os.O_RDONLY))
     with pytest.raises(rc.ModelFileError, match="cannot read the repacked weights"):
         pack.wait()
+
+
+def test_hugepages_setting_is_validated(monkeypatch):
+    from llcinfer import hugepages
+    from llcinfer.errors import UsageError
+
+    for value, on in (("1", True), ("on", True), ("0", False), ("off", False)):
+        monkeypatch.setenv("LLCINFER_HUGEPAGES", value)
+        assert hugepages.enabled() is on
+    monkeypatch.setenv("LLCINFER_HUGEPAGES", "bogus")
+    with pytest.raises(UsageError, match="LLCINFER_HUGEPAGES"):
+        hugepages.enabled()

@@ -95,14 +95,14 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, ro
         table = tables[seq[m]]
         blk = table[p // bs]
         slot = p % bs
-        off_k = kv_offset(layer, 0, kvh, slot, 0, KVH, bs, D, kind)  # K^T: element d at off_k + d * bs
-        off_v = kv_offset(layer, 1, kvh, slot, 0, KVH, bs, D, kind)
         for d in range(D):
+            off_k = kv_offset(layer, 0, kvh, slot, d, KVH, bs, D, kind)  # K^T: d * bs + slot
+            off_v = kv_offset(layer, 1, kvh, slot, d, KVH, bs, D, kind)
             if kind == 1:
                 scratch[0] = k[m, ko + d]
-                pool[blk, off_k + d * bs] = _half_bits(scratch.view(np.uint32)[0])
+                pool[blk, off_k] = _half_bits(scratch.view(np.uint32)[0])
                 scratch[0] = v[m, ko + d]
-                pool[blk, off_v + d] = _half_bits(scratch.view(np.uint32)[0])
+                pool[blk, off_v] = _half_bits(scratch.view(np.uint32)[0])
             else:
-                pool[blk, off_k + d * bs] = k[m, ko + d]
-                pool[blk, off_v + d] = v[m, ko + d]
+                pool[blk, off_k] = k[m, ko + d]
+                pool[blk, off_v] = v[m, ko + d]

@@ -41,8 +41,9 @@ def _versioned_cache_dir() -> None:
     """Point numba's cache at a directory of this exact source tree (see module doc)."""
     if not _CACHE or os.environ.get("NUMBA_CACHE_DIR"):
         return
-    home = Path(os.environ.get("LLCINFER_HOME") or Path.home() / ".cache" / "llcinfer").expanduser()
-    base = home / "numba"
+    from ..catalog import llcinfer_home
+
+    base = llcinfer_home() / "numba"
     here = base / _sources_hash()
     try:
         here.mkdir(parents=True, exist_ok=True)

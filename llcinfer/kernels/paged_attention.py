@@ -37,10 +37,8 @@ from numba import prange
 
 from .isa import current_isa
 from .jit import kernel, parallel_kernel
-from .paged_attention_simd import _task_simd
+from .paged_attention_simd import _NEG, _task_simd
 from .simd import make_tag, vlanes, vtag
-
-_NEG = np.float32(-1e30)  # "minus infinity" that stays finite under fastmath (ninf)
 
 
 @kernel
@@ -99,7 +97,7 @@ def _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, 
         else:  # K^T [D, bs] -> kbuf [token, D]
             for d in range(D):
                 for j in range(n_valid):
-                    x = pool[blk, rk * D + d * bs + j]
+                    x = pool[blk, kv_offset(layer, 0, kvh, j, d, KVH, bs, D, kind)]
                     kbuf[j * D + d] = lut[np.int64(x)] if kind == 1 else np.float32(x)
         for g in range(G):
             for j in range(n_valid):

@@ -23,8 +23,9 @@ at once (``_candidates``: what the forward pass repacks) and writes the file ato
 views: C-contiguous uint8 [groups, bytes] starting on 64-byte boundaries.  The file is
 read into anonymous memory on 2 MiB pages (llcinfer/hugepages.py: the weights stream
 about 5-10 % faster than from the file's 4 KiB page-cache pages) by a background thread
-while the rest of the start goes on (numba, tokenizer); ``wait_loaded()``, which every
-user of the arrays calls before a kernel reads them, waits for it.  With
+while the rest of the start goes on (numba, tokenizer); ``wait_loaded()`` waits for it
+(``Linear.prepare()`` calls it unless given ``wait=False``, as the executor does, which
+waits before its first step).  With
 ``LLCINFER_HUGEPAGES=0`` the file is mapped read-only instead, and the pages not in the
 page cache are read in on a background thread (``_prefetch``).  Files smaller than
 ``MIN_FILE_SIZE`` (test models) are repacked in memory.
@@ -197,16 +198,18 @@ class _Pack:
         if self.load_error:
             raise ModelFileError(f"cannot read the repacked weights {self.slot}: {self.load_error}")
 
-    def _load_in_background(self) -> None:
-        """Read the file into ``data`` (anonymous memory) on a thread; ``wait`` joins."""
+    def _load_in_background(self, fd: int) -> None:
+        """Read the open file ``fd`` into ``data`` (anonymous memory) on a thread, which
+        closes it; ``wait`` joins."""
         self.loaded.clear()
         _loading.append(self)
-        threading.Thread(target=self._load, name="llcinfer-load-weights", daemon=True).start()
+        threading.Thread(target=self._load, args=(fd,), name="llcinfer-load-weights", daemon=True).start()
 
-    def _load(self) -> None:
+    def _load(self, fd: int) -> None:
         view = memoryview(self.data)
         try:
-            with open(self.slot, "rb", buffering=0) as fh:
+            with open(fd, "rb", buffering=0, closefd=True) as fh:
+                fh.seek(0)
                 a = 0
                 while a < self.data.size:
                     n = fh.readinto(view[a:a + PREFETCH_CHUNK])
@@ -222,6 +225,8 @@ class _Pack:
     def open(cls, slot: str, ident: dict, W: int) -> "_Pack | None":
         """The file at ``slot`` if it is complete and made from ``ident`` with this
         layout version and W; None when missing, stale, truncated or corrupt."""
+        huge = hugepages.enabled()  # a bad LLCINFER_HUGEPAGES is the user's error, not a rebuild
+        fd = None
         try:
             with open(slot, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -233,16 +238,18 @@ class _Pack:
                 entries = {e["name"]: e for e in head["tensors"]}
                 if not all(_entry_ok(e, W, head["data_start"], size) for e in entries.values()):
                     return None
-                huge = hugepages.enabled()
-                if huge:
-                    mm = hugepages.anonymous(size)  # filled by _load_in_background
+                if huge:  # read by _load_in_background from this very file (a rebuild may replace the path)
+                    mm = hugepages.anonymous(size)
+                    fd = os.dup(fh.fileno())
                 else:
                     mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except Exception:  # unreadable, or a header of the wrong shape: rebuild
+            if fd is not None:
+                os.close(fd)
             return None
         pack = cls(slot, ident, W, entries, np.frombuffer(mm, np.uint8))
         if huge:
-            pack._load_in_background()
+            pack._load_in_background(fd)
         else:
             _prefetch(pack)
         return pack

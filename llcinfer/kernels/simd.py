@@ -581,16 +581,20 @@ def vexp(typingctx, a):
     return a(a), codegen
 
 
+def prefetch_ir(builder, p):
+    """IR: prefetch the cache line at i8* ``p`` towards L2 (prefetcht1); never faults."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+
+
 @intrinsic
 def prefetch_l2(typingctx, a, off):
     """Prefetch the cache line at byte ``off`` past int address ``a`` (or element ``off``
     of an array) towards L2 (prefetcht1); never faults."""
 
     def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], args[1])
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32]),
-                                            "llvm.prefetch.p0")
-        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+        prefetch_ir(builder, _ptr(context, builder, sig.args[0], args[0], args[1]))
         return context.get_dummy_value()
 
     return types.none(a, off), codegen

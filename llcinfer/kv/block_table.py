@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from ..errors import ContextLengthError, OutOfMemoryError
-from ..kernels.paged_attention import paged_attention, store_rows, store_rows_int8
+from ..kernels.paged_attention import kv_offset, paged_attention, store_rows, store_rows_int8
 from ..kernels.tables import F16_TO_F32
 from .pool import KVPool
 from .prefix import PrefixCache
@@ -138,11 +138,9 @@ class PagedSequence:
         for t in range(start, stop):
             blk, j = int(self.table[t // bs]), t % bs
             for kv in (0, 1):
-                rows = ((layer * 2 + kv) * KVH + np.arange(KVH)) * bs + j  # [KVH] row ids
-                if kv == 0 and p.kind != 2:  # K^T [D, bs] per head (paged_attention.kv_offset)
-                    idx = ((layer * 2) * KVH + np.arange(KVH))[:, None] * bs * D + np.arange(D) * bs + j
-                else:
-                    idx = rows[:, None] * D + np.arange(D)
+                rows = ((layer * 2 + kv) * KVH + np.arange(KVH)) * bs + j  # [KVH] row ids (int8 scales)
+                idx = kv_offset.py_func(layer, kv, np.arange(KVH)[:, None], j, np.arange(D)[None, :], KVH, bs, D,
+                                        p.kind)  # [KVH, D] element ids
                 raw = p.data[blk, idx.ravel()].reshape(KVH, D)
                 if p.kind == 1:
                     out[kv, t - start] = raw.view(np.float16)

@@ -151,16 +151,16 @@ def step_overhead(threads: int) -> tuple[float, float]:
 
     model = Transformer(GGUFFile(catalog.resolve_model("smollm2-135m", progress=False)))
     ex = DecodeExecutor(model, default_domains(threads))
-    run = ex.workers.run
+    run = ex.workers.run_step
     inside = []
 
-    def timed(job, counters):
+    def timed(args, counters):
         t0 = time.perf_counter()
-        r = run(job, counters)
+        r = run(args, counters)
         inside.append(time.perf_counter() - t0)
         return r
 
-    ex.workers.run = timed
+    ex.workers.run_step = timed
     out = {}
     for n in (1, 4):
         pool, _ = model.new_pool(256, n, prefix_sharing=False)

@@ -102,6 +102,39 @@ def test_worker_failure_propagates_and_pool_stays_usable(tiny):
     ex.close()
 
 
+def test_serving_workers_follow_new_arguments_python_jobs_and_idle(tiny):
+    """Workers 1.. stay in the numba serve loop between steps; they must leave it for a new
+    argument tuple (another pool, grown block tables), a Python job in between, and after
+    an idle spell (blocked on their Event), and still compute the reference's logits."""
+    import time
+
+    path = tiny("Q4_1", arch="qwen2")
+    ref, fast = Transformer(GGUFFile(path)), Transformer(GGUFFile(path))
+    ex = DecodeExecutor(fast, Domains(weight=(None, None, None)))
+    ex.tables_capacity = 1  # tables grow (new arguments) at 2, 4 blocks
+    counts = np.zeros(3, np.int64)
+
+    def job(wid):
+        counts[wid] += 1
+        return 0
+
+    for round_ in range(3):  # each round: a fresh pool (new arrays in the step's arguments)
+        prompt = [1 + round_, 5, 9]
+        r_seq, f_seq = _prefilled(ref, [prompt], n_ctx=160)[0], _prefilled(fast, [prompt], n_ctx=160)[0]
+        tok = 4
+        for i in range(40):  # crosses block boundaries (16 tokens): the tables grow
+            want = ref.forward([tok], r_seq)
+            got = ex.step([f_seq], [tok])[0]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+            if i % 7 == 3:
+                ex.workers.run(job)
+            if i % 13 == 5:
+                time.sleep(0.02)  # past the serve loop's idle limit: the workers block
+            tok = int(np.argmax(want))
+    assert counts.tolist() == [18, 18, 18]
+    ex.close()
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3, 4])
 def test_random_graphs_no_deadlock(workers):
     """Random DAGs (oversubscribed too: up to 4 workers on 2 cores) give the sequential

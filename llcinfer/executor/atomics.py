@@ -104,3 +104,15 @@ def sched_yield(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+@intrinsic
+def cycle_counter(typingctx):
+    """The CPU's cycle counter (RDTSC on x86, llvm.readcyclecounter): cheap timestamps for
+    profiling a step's operators (perf/step_profile.py)."""
+
+    def codegen(context, builder, sig, args):
+        fn = _declare(builder, "llvm.readcyclecounter", ir.FunctionType(ir.IntType(64), []))
+        return builder.call(fn, [])
+
+    return types.int64(), codegen

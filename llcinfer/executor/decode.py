@@ -22,7 +22,6 @@ from ..kernels.simd import lanes, make_tag
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
 from .program import Program, Shapes, Tiles, build_program
-from .step_kernel import run_worker
 from .workers import ExecutorError, WorkerPool
 
 _KIND_BIT = {ACT_Q8_0: 1, ACT_Q8_K: 2}  # activation kind -> bit of a prologue's mask
@@ -115,8 +114,25 @@ class DecodeExecutor:
         self._attn_ids = list(range(n_w, n_w + len(domains.attention)))
         self._programs: dict[tuple, Program] = {}
         self._buffers: dict[tuple, dict] = {}
+        self._jobs: dict[tuple, dict] = {}  # (M, splits) -> the step's arguments (_job)
+        self.tables_capacity = 64  # blocks per sequence of a new job's tables (doubled as needed)
         self.last_program: Program | None = None
         self.model_block_size = 16
+        self.profile = None  # {(M, splits): [workers, n_ops, 2] cycles} while profiling (start_profile)
+        self._no_profile = np.zeros((0, 0, 2), np.int64)
+
+    def start_profile(self) -> None:
+        """Accumulate, per worker and operator, the cycles spent waiting for the operator's
+        input and working on its tiles, over the following steps (perf/step_profile.py)."""
+        self.profile = {}
+
+    def _profile(self, prog: Program) -> np.ndarray:
+        if self.profile is None:
+            return self._no_profile
+        key = (prog.order.shape[0], prog.ops.shape[0], id(prog))
+        if key not in self.profile:
+            self.profile[key] = (prog, np.zeros((prog.order.shape[0], prog.ops.shape[0] + 1, 2), np.int64))
+        return self.profile[key][1]
 
     # ------------------------------------------------------------------ planning
     def program(self, M: int, n_splits: int) -> Program:
@@ -158,6 +174,32 @@ class DecodeExecutor:
         return n_splits_for(M, self.config.n_kv_head, -(-n_keys // bs), n_att)
 
     # ------------------------------------------------------------------ the step
+    def _job(self, M: int, S: int, pool, nb: int) -> dict:
+        """The step's argument tuple for (M rows, S splits, pool), built once and reused while
+        the block tables fit: the serving workers keep running on the same tuple.  Per step
+        only the contents of ``pos`` and ``tables`` change."""
+        key = (M, S)  # one pool per key is kept alive: the latest one
+        job = self._jobs.get(key)
+        prof = self._profile(self.program(M, S))
+        if job is None or job["tables"].shape[1] < nb or job["pool"] is not pool or job["prof"] is not prof:
+            cap = self.tables_capacity if job is None else job["tables"].shape[1]
+            while cap < nb:  # room for the blocks, doubled as sequences grow
+                cap *= 2
+            prog, b, c, m = self.program(M, S), self.buffers(M, S), self.config, self.model
+            pos = np.zeros(M, np.int64)  # [M] rows' positions
+            tables = np.zeros((M, cap), np.int32)  # [M, blocks] pool block ids of row m's sequence
+            seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
+            args = (prog.ops, prog.order, b["counters"], self.mat_addr, self.mat_groups, self.mat_stride, self.mat_qt,
+                    self.mat_kind, self.tag, b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"],
+                    b["vb"], b["attn"], b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm,
+                    self.ffn_norm, m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv,
+                    self.has_bias, b["rope_cs"], c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data,
+                    pool.data_f32, pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"],
+                    b["psum"], b["pacc"], prof)
+            job = dict(args=args, prog=prog, buffers=b, pos=pos, tables=tables, pool=pool, prof=prof)
+            self._jobs[key] = job
+        return job
+
     def step(self, seqs: list, tokens) -> np.ndarray:
         """One token for each sequence; returns logits  # [M, vocab] (a copy)."""
         ids = np.asarray(tokens, np.int64).reshape(-1)
@@ -174,31 +216,24 @@ class DecodeExecutor:
             raise UnsupportedModelError("executor: int8 KV cache runs on the simple path")
         for s, t in zip(seqs, ids):
             s.prepare([t])
-        pos = np.array([s.n_tokens for s in seqs], np.int64)  # [M]
-        seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
         nb = max(s.n_blocks for s in seqs)
-        tables = np.zeros((M, nb), np.int32)  # [M, blocks] pool block ids
-        for i, s in enumerate(seqs):
-            tables[i, :s.n_blocks] = s.table[:s.n_blocks]
         self.model_block_size = pool.block_size
-        S = self.n_splits(M, int(pos.max()) + 1)
-        prog, b = self.program(M, S), self.buffers(M, S)
+        S = self.n_splits(M, max(s.n_tokens for s in seqs) + 1)
+        job = self._job(M, S, pool, nb)
+        pos, tables = job["pos"], job["tables"]
+        for i, s in enumerate(seqs):
+            pos[i] = s.n_tokens
+            tables[i, :s.n_blocks] = s.table[:s.n_blocks]
         if not self._weights_loaded:  # the repacked weights may still be streaming in
             wait_loaded()
             self._weights_loaded = True
-        self.last_program = prog
+        self.last_program = job["prog"]
+        b = job["buffers"]
         b["x"][:] = self.model.weights.token_embd.get_rows(ids)
         rope_table(pos, self.model.inv_freq, b["rope_cs"])
         counters = b["counters"]  # [counter * 8] one per cache line, zeroed for this step
         counters[:] = 0
-        m = self.model
-        args = (prog.ops, prog.order, counters, self.mat_addr, self.mat_groups, self.mat_stride, self.mat_qt, self.mat_kind, self.tag,
-                b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"],
-                b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm, self.ffn_norm,
-                m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv, self.has_bias,
-                b["rope_cs"], c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data, pool.data_f32,
-                pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"], b["psum"], b["pacc"])
-        codes = self.workers.run(lambda wid: run_worker(wid, *args), counters)
+        codes = self.workers.run_step(job["args"], counters)
         if any(codes):
             raise ExecutorError("executor step aborted: a dependency wait timed out" if 2 in codes
                                 else "executor step aborted")

@@ -27,7 +27,7 @@ from ..kernels.jit import kernel
 from ..kernels.fused import norm_quant, quant_rows, rope_append
 from ..kernels.paged_attention import _task as attention_task
 from ..kernels.vnni_matmul import _group_at
-from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, sched_yield
+from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter, sched_yield
 
 # operator kinds
 QKV, ROPE, ATTN, MERGE, WO, GATE_UP, DOWN, LM_HEAD, FAIL = 0, 1, 2, 3, 4, 5, 6, 7, 99
@@ -100,12 +100,18 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias,  # norms [L, d], biases [L, ...]
                rope_cs, neox, round_q, lut, pos, seq, tables,  # rope [M, D/2, 2] cos/sin; rows' positions / sequences
                pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale,  # paged KV pool
-               pmax, psum, pacc):  # attention partials [M*KVH*S, G(, D)]
+               pmax, psum, pacc,  # attention partials [M*KVH*S, G(, D)]
+               prof):  # [workers, n_ops + 1, 2] cycles waiting / working per operator, accumulated (shape[0] 0: off)
     """Run worker ``wid``'s operators for one step; returns 0, or the abort code.
 
     Each operator works on its micro-batch's rows [m0, m1) (fields F_M0, F_M1 after the
-    N_FIELDS of the table), so the activation arrays are sliced per operator.
+    N_FIELDS of the table), so the activation arrays are sliced per operator.  With
+    ``prof`` non-empty, the cycles spent waiting for an operator's input and working on
+    its tiles (tile waits included) are added to prof[wid, op].
     """
+    profiling = prof.shape[0] > 0
+    if profiling:  # row n_ops: this step's entry and exit stamps
+        prof[wid, ops.shape[0], 0] = cycle_counter()
     d_model = x.shape[1]
     H, D = attn.shape[1], attn.shape[2]
     KVH = kb.shape[1] // D
@@ -119,8 +125,10 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
         n_tiles = ops[o, F_NTILES]
         if kind == FAIL:
             raise RuntimeError("injected task failure")
+        c0 = cycle_counter() if profiling else 0
         if not wait_for(counters, ops[o, F_WAIT], ops[o, F_TARGET]):
             return atomic_load(counters, ABORT)
+        c1 = cycle_counter() if profiling else 0
         m0 = ops[o, N_FIELDS]
         m1 = ops[o, N_FIELDS + 1]
         M = m1 - m0
@@ -218,6 +226,11 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 else:
                     raise RuntimeError("unknown operator kind")
                 signal(counters, ops[o, F_DONE])
+        if profiling:
+            prof[wid, o, 0] += c1 - c0
+            prof[wid, o, 1] += cycle_counter() - c1
+    if profiling:
+        prof[wid, ops.shape[0], 1] = cycle_counter()
     return 0
 
 
@@ -254,3 +267,32 @@ def wait_job(counters, slot, target, spins):
             return True
         cpu_relax()
     return False
+
+
+# slots of a WorkerPool's control array (one cache line each, COUNTER_STRIDE apart)
+C_GEN, C_FIN, C_VERSION = 0, 1, 2  # job generation; jobs finished by workers 1..; args version of serve
+C_CURRENT, C_RESULT = 3, 4  # C_CURRENT + 2 w: generation worker w is running; C_RESULT + 2 w: its code
+
+
+@kernel
+def serve(wid, control, version, seen, idle_cycles, *args):
+    """A worker thread's step loop without Python: wait for the next generation, run
+    ``run_worker(wid, *args)``, store its code, count it finished, repeat.  Returns the
+    last generation run (0 jobs run: ``seen``) when a job of another args version is posted
+    (new arrays, a Python job, shutdown), or after ``idle_cycles`` without a job, so that
+    the thread can pick up new arguments or block.  The caller never waits for this
+    thread's Python code (nor its GIL) between steps."""
+    S = COUNTER_STRIDE
+    while True:
+        t0 = cycle_counter()
+        while atomic_load(control, C_GEN * S) <= seen:
+            if cycle_counter() - t0 > idle_cycles:
+                return seen
+            cpu_relax()
+        if atomic_load(control, C_VERSION * S) != version:
+            return seen
+        seen += 1
+        atomic_store(control, (C_CURRENT + 2 * wid) * S, seen)
+        code = run_worker(wid, *args)
+        atomic_store(control, (C_RESULT + 2 * wid) * S, code)
+        atomic_add(control, C_FIN * S, 1)

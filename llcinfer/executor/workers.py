@@ -2,10 +2,14 @@
 
 Worker 0 is the calling thread (pinned for the duration of the job, its affinity restored
 after), workers 1.. are daemon threads pinned once at start (to their domain's cores by
-default, see PIN).  Between
-jobs a worker spins briefly on the job counter (``wait_job``: a token step follows the
-previous one within microseconds when decoding) and then blocks on an Event, so idle
-workers burn no core between requests.
+default, see PIN).  Between jobs a worker spins briefly on the job counter (``wait_job``)
+and then blocks on an Event, so idle workers burn no core between requests.
+
+Decode steps (``run_step``) go further: workers 1.. run them from the numba ``serve`` loop
+(step_kernel.py), which waits for the next step itself (up to IDLE_CYCLES), so that from
+one token to the next they neither take the GIL nor wait on an Event.  With a Python job
+per step, each step paid two GIL hand-offs and often an Event wake-up: 0.15-0.2 ms of a
+4 ms SmolLM2 token on the 2-vCPU host.
 
 A job is ``fn(wid) -> int`` (0 on success, else an abort code).  If a worker raises, the
 step's abort counter is set so the others leave their waits, and ``run`` raises
@@ -16,12 +20,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 
 from ..errors import LLCInferError, UsageError
 from .atomics import COUNTER_STRIDE
-from .step_kernel import ABORT, signal, wait_job
+from .step_kernel import ABORT, C_CURRENT, C_FIN, C_GEN, C_RESULT, C_VERSION, run_worker, serve, signal, wait_job
 
 # LLCINFER_PIN: 'domain' (default) pins each worker to its domain's cores, 'core' to one core
 # each, '0'/'none' leaves placement to the OS.  Per-core pinning is best on a dedicated
@@ -30,6 +35,7 @@ from .step_kernel import ABORT, signal, wait_job
 # domain's core set keeps it in its domain's caches and still lets the OS balance.
 PIN = os.environ.get("LLCINFER_PIN", "domain").lower()
 SPINS = 20_000  # PAUSEs a worker spins for the next job before it blocks (~0.1-1 ms)
+IDLE_CYCLES = 10_000_000  # cycle-counter ticks (~4 ms here) a serving worker waits for the next step
 
 
 class ExecutorError(LLCInferError):
@@ -64,7 +70,13 @@ def placement(cores: list[int | None], domain_of: list[int] | None = None, mode:
 
 class WorkerPool:
     """``len(cores)`` workers; ``cores[w]`` is worker w's core (None: not pinned) and
-    ``domain_of[w]`` its domain (pinning, see ``placement``)."""
+    ``domain_of[w]`` its domain (pinning, see ``placement``).
+
+    Two kinds of job: ``run(job)`` runs a Python callable on every worker (the task-graph
+    tests and benchmarks); ``run_step(args, counters)`` runs the decode step kernel
+    ``run_worker(wid, *args)``, where workers 1.. stay inside the numba ``serve`` loop from
+    one step to the next as long as ``args`` is the same tuple: no Python, no GIL and no
+    Event between steps (measured on the 2-vCPU host: 0.2-0.25 ms a step with them)."""
 
     def __init__(self, cores: list[int | None], domain_of: list[int] | None = None):
         if not cores:
@@ -72,81 +84,118 @@ class WorkerPool:
         self.cores = list(cores)
         self.cpus = placement(self.cores, domain_of)  # [worker] CPU set it is pinned to
         self.n = len(cores)
-        self._gen = np.zeros(COUNTER_STRIDE, np.int64)  # [8] job generation, slot 0
-        self._fin = np.zeros(COUNTER_STRIDE, np.int64)  # [8] jobs finished by workers 1.., slot 0
+        self._control = np.zeros((C_RESULT + 2 * self.n) * COUNTER_STRIDE, np.int64)  # slots C_*, one line each
         self._events = [threading.Event() for _ in range(self.n)]
-        self._done = threading.Event()
         self._lock = threading.Lock()
-        self._remaining = 0
-        self._job = None
+        self._job = None  # ("py", fn) or ("step", version, args) of the current generation
         self._abort = None  # the current job's counters (to set the abort flag)
         self._errors: list[tuple[int, BaseException]] = []
         self._results = [0] * self.n
+        self._step_args = None  # args tuple of the serve version below
+        self._version = 0
         self._stop = False
         self._threads = [threading.Thread(target=self._loop, args=(w,), name=f"llcinfer-worker-{w}", daemon=True)
                          for w in range(1, self.n)]
         for t in self._threads:
             t.start()
 
-    def _execute(self, wid: int) -> None:
-        try:
-            self._results[wid] = int(self._job(wid))
-        except BaseException as e:  # noqa: BLE001 - reported to the caller of run()
-            self._errors.append((wid, e))
-            if self._abort is not None:
-                self._abort[ABORT] = 1
+    # ------------------------------------------------------------------ worker threads
+    def _fail(self, wid: int, e: BaseException) -> None:
+        self._errors.append((wid, e))
+        if self._abort is not None:
+            self._abort[ABORT] = 1
 
     def _loop(self, wid: int) -> None:
         _pin(self.cpus[wid])
         seen = 0
         ev = self._events[wid]
+        c = self._control
         while True:
             target = seen + 1
-            if not wait_job(self._gen, 0, target, SPINS):
-                while self._gen[0] < target and not self._stop:
+            if not wait_job(c, C_GEN, target, SPINS):
+                while c[C_GEN * COUNTER_STRIDE] < target and not self._stop:
                     ev.wait()
                     ev.clear()
             if self._stop:
                 return
+            job = self._job
+            if job[0] == "step":
+                try:
+                    seen = serve(wid, c, job[1], seen, IDLE_CYCLES, *job[2])
+                except BaseException as e:  # noqa: BLE001 - reported to the caller of run_step()
+                    seen = int(c[(C_CURRENT + 2 * wid) * COUNTER_STRIDE])
+                    self._fail(wid, e)
+                    signal(c, C_FIN)
+                job = None  # do not keep the step's arrays alive while blocked
+                continue
             seen = target
-            self._execute(wid)
-            signal(self._fin, 0)  # the caller spins on this first (no sleep / wake-up)
-            with self._lock:
-                self._remaining -= 1
-                last = self._remaining == 0
-            if last:
-                self._done.set()
+            try:
+                self._results[wid] = int(job[1](wid))
+            except BaseException as e:  # noqa: BLE001 - reported to the caller of run()
+                self._fail(wid, e)
+            signal(c, C_FIN)
 
-    def run(self, job, counters: np.ndarray | None = None) -> list[int]:
-        """Run ``job(wid)`` on every worker; returns their codes.  ``counters``: the step's
-        counter array, whose abort flag is raised if a worker throws."""
+    # ------------------------------------------------------------------ the caller
+    def _post(self, job, counters) -> int:
+        """Publish ``job`` as the next generation; returns the C_FIN value that means done."""
         if self._stop:
             raise ExecutorError("the worker pool was shut down")
+        c = self._control
         self._job, self._abort, self._errors = job, counters, []
-        self._results = [0] * self.n
-        self._remaining = self.n - 1
-        self._done.clear()
-        finished = int(self._fin[0]) + self.n - 1  # _fin once every other worker is done
-        self._gen[0] += 1
-        for ev in self._events[1:]:
+        c[C_VERSION * COUNTER_STRIDE] = job[1] if job[0] == "step" else -1
+        finished = int(c[C_FIN * COUNTER_STRIDE]) + self.n - 1
+        signal(c, C_GEN)  # atomic: the stores above are visible to a worker that sees it
+        for ev in self._events[1:]:  # only a worker blocked in ev.wait() needs it
             ev.set()
-        before = _pin(self.cpus[0])
-        try:
-            self._execute(0)
-        finally:
-            if before is not None:
-                os.sched_setaffinity(0, before)
-        if self.n > 1 and not wait_job(self._fin, 0, finished, SPINS):
-            self._done.wait()
+        return finished
+
+    def _finish(self, finished: int) -> None:
+        c = self._control
+        while self.n > 1 and not wait_job(c, C_FIN, finished, SPINS):
+            time.sleep(20e-6)  # a worker was preempted: stop spinning on its core
         self._job = self._abort = None  # drop the step's arrays
         if self._errors:
             wid, err = self._errors[0]
             raise ExecutorError(f"executor worker {wid} failed: {type(err).__name__}: {err}") from err
+
+    def _as_caller(self, fn):
+        before = _pin(self.cpus[0])
+        try:
+            return int(fn(0))
+        except BaseException as e:  # noqa: BLE001 - reported below, after the others stop
+            self._fail(0, e)
+            return 0
+        finally:
+            if before is not None:
+                os.sched_setaffinity(0, before)
+
+    def run(self, job, counters: np.ndarray | None = None) -> list[int]:
+        """Run ``job(wid)`` on every worker; returns their codes.  ``counters``: the job's
+        counter array, whose abort flag is raised if a worker throws."""
+        self._results = [0] * self.n
+        finished = self._post(("py", job), counters)
+        self._results[0] = self._as_caller(job)
+        self._finish(finished)
         return list(self._results)
+
+    def run_step(self, args: tuple, counters: np.ndarray) -> list[int]:
+        """``run_worker(wid, *args)`` on every worker (``counters`` is args' counter array);
+        returns their codes.  Pass the same tuple object step after step: a new tuple is a
+        new args version, which the serving workers leave their loop to pick up."""
+        if args is not self._step_args:
+            self._step_args = args
+            self._version += 1
+        finished = self._post(("step", self._version, args), counters)
+        code0 = self._as_caller(lambda wid: run_worker(wid, *args))
+        self._finish(finished)
+        c = self._control
+        return [code0] + [int(c[(C_RESULT + 2 * w) * COUNTER_STRIDE]) for w in range(1, self.n)]
 
     def close(self) -> None:
         self._stop = True
-        self._gen[0] += 1 << 40
+        c = self._control
+        c[C_VERSION * COUNTER_STRIDE] = -2  # serving workers leave their loop
+        c[C_GEN * COUNTER_STRIDE] += 1 << 40
         for ev in self._events:
             ev.set()
         for t in self._threads:

@@ -229,7 +229,7 @@ class DecodeExecutor:
             self._weights_loaded = True
         self.last_program = job["prog"]
         b = job["buffers"]
-        b["x"][:] = self.model.weights.token_embd.get_rows(ids)
+        self.model.weights.token_embd.get_rows(ids, out=b["x"])
         rope_table(pos, self.model.inv_freq, b["rope_cs"])
         counters = b["counters"]  # [counter * 8] one per cache line, zeroed for this step
         counters[:] = 0

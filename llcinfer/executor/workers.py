@@ -43,11 +43,14 @@ class ExecutorError(LLCInferError):
 
 
 def _pin(cpus: set[int] | None) -> set[int] | None:
-    """Pin the calling thread to ``cpus``; returns its previous affinity (None: not pinned)."""
+    """Pin the calling thread to ``cpus``; returns its previous affinity (None: not pinned,
+    or already pinned there: the caller pays one system call a step, not three)."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
         return None
     try:
         before = os.sched_getaffinity(0)
+        if before == cpus:
+            return None
         os.sched_setaffinity(0, cpus)
         return before
     except OSError:

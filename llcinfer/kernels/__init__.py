@@ -134,21 +134,24 @@ class Linear:
             half_matmul(x, self._w, self._lut, out)
         return out
 
-    def get_rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ids of W as float32 [T, K] (embedding lookup); ids checked against N."""
+    def get_rows(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ids of W as float32 [T, K] (embedding lookup) into ``out`` (None: a new
+        array); ids checked against N, ``out`` against [T, K] float32 C-contiguous."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            return np.empty((0, self.cols), np.float32)
-        if ids.min() < 0 or ids.max() >= self.rows:
+        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):
             raise ValueError(f"{self.name}: token id out of range [0, {self.rows})")
-        if self._kind == "half":
+        if out is None:
             out = np.empty((ids.size, self.cols), np.float32)
-            half_get_rows(self._w, ids, self._lut, out)
+        elif out.shape != (ids.size, self.cols) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"{self.name}: rows buffer {out.shape} {out.dtype}, expected [{ids.size}, {self.cols}] float32")
+        if ids.size == 0:
             return out
-        if self._kind == "f32":
-            return self._w[ids].copy()
-        out = np.empty((ids.size, self.cols), np.float32)
-        quant_get_rows(self._w, ids, int(self.qtype), F16_TO_F32, out)
+        if self._kind == "half":
+            half_get_rows(self._w, ids, self._lut, out)
+        elif self._kind == "f32":
+            np.take(self._w, ids, axis=0, out=out)
+        else:
+            quant_get_rows(self._w, ids, int(self.qtype), F16_TO_F32, out)
         return out
 
     def dequantize(self) -> np.ndarray:

@@ -42,15 +42,16 @@ def test_block_geometry_and_table_arithmetic():
     v = rng.standard_normal((11, 2, 32)).astype(np.float32)
     seq.store(1, 0, k, v)
     seq.n_tokens = 11
-    # position p lives in block table[p // bs], slot p % bs; per (layer, kv, kv_head) a block
-    # holds K transposed [D, token] and V as [token, D]
+    # position p lives in block table[p // bs], slot p % bs; f32 / f16 pools are head-major
+    # [layer, kv_head, block, K/V, ...]: K transposed [D, token], V as [token, D]
+    flat = pool.data.reshape(-1)
     for p in range(11):
         blk, j = seq.table[p // 4], p % 4
         for h in range(2):
-            base_k = ((1 * 2 + 0) * 2 + h) * 4 * 32
-            np.testing.assert_array_equal(pool.data[blk, base_k + j:base_k + 4 * 32:4], k[p, h])
-            off_v = (((1 * 2 + 1) * 2 + h) * 4 + j) * 32
-            np.testing.assert_array_equal(pool.data[blk, off_v:off_v + 32], v[p, h])
+            base_k = ((1 * 2 + h) * pool.n_blocks + blk) * 2 * 4 * 32
+            np.testing.assert_array_equal(flat[base_k + j:base_k + 4 * 32:4], k[p, h])
+            off_v = base_k + 4 * 32 + j * 32
+            np.testing.assert_array_equal(flat[off_v:off_v + 32], v[p, h])
 
 
 def test_addresses_fixed_while_sequences_grow():

@@ -14,7 +14,7 @@ import numpy as np
 from .act_quant import _half_bits, quantize_q8_0_int, quantize_q8_k_int
 from .jit import kernel
 from .norm import rms_norm
-from .paged_attention import kv_offset
+from .paged_attention import kv_index
 
 
 @kernel
@@ -95,14 +95,15 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, ro
         table = tables[seq[m]]
         blk = table[p // bs]
         slot = p % bs
+        flat = pool.reshape(-1)
         for d in range(D):
-            off_k = kv_offset(layer, 0, kvh, slot, d, KVH, bs, D, kind)  # K^T: d * bs + slot
-            off_v = kv_offset(layer, 1, kvh, slot, d, KVH, bs, D, kind)
+            off_k = kv_index(pool, blk, layer, 0, kvh, slot, d, KVH, bs, D, kind)  # K^T: d * bs + slot
+            off_v = kv_index(pool, blk, layer, 1, kvh, slot, d, KVH, bs, D, kind)
             if kind == 1:
                 scratch[0] = k[m, ko + d]
-                pool[blk, off_k] = _half_bits(scratch.view(np.uint32)[0])
+                flat[off_k] = _half_bits(scratch.view(np.uint32)[0])
                 scratch[0] = v[m, ko + d]
-                pool[blk, off_v] = _half_bits(scratch.view(np.uint32)[0])
+                flat[off_v] = _half_bits(scratch.view(np.uint32)[0])
             else:
-                pool[blk, off_k] = k[m, ko + d]
-                pool[blk, off_v] = v[m, ko + d]
+                flat[off_k] = k[m, ko + d]
+                flat[off_v] = v[m, ko + d]

@@ -1,17 +1,21 @@
 """Causal GQA attention read through a block table (the paged KV pool), and the stores
 that fill it.
 
-The pool (llcinfer.kv.pool) is one array per storage type, [block, elems], every block
-holding ``bs`` tokens of every layer laid out as
+The pool (llcinfer.kv.pool) is one array per storage type, seen as [block, elems]; a
+block holds ``bs`` tokens of every layer.  Token t of a sequence lives in block
+``table[t // bs]``, slot ``t % bs``.  ``kv_index`` gives the element (of the flat array)
+of (block, layer, K or V, head, slot, d):
 
-    data    # [layer, 2 (K, V), kv_head, bs * head_dim]           f16 bits / int8 / f32
-            #   K, f16 / f32:  [head_dim, token]  (transposed: the scores of W keys are
-            #                                      plain vector FMAs, paged_attention_simd.py)
-            #   K, int8 and V: [token, head_dim]
-    scales  # [layer, 2, kv_head, token, head_dim // group]  f32, int8 only, at scale_off0
-
-``kv_offset`` gives the element of (layer, K or V, head, slot, d).  Token t of a sequence
-lives in block ``table[t // bs]``, slot ``t % bs``.
+    f16 / f32, head-major: the blocks of one (layer, kv head) are adjacent, so attention
+    over a sequence whose blocks were allocated in order reads one stream per head
+    (measured 1 thread, SmolLM2 at 4k: 15-17 GB/s with whole blocks 360 KiB apart,
+    21-22 GB/s head-major):
+        data    # [layer, kv_head, block, 2 (K, V), bs * head_dim]
+                #   K: [head_dim, token] (transposed: the scores of W keys are plain
+                #      vector FMAs, paged_attention_simd.py);  V: [token, head_dim]
+    int8, block-major (one block = one row of the array):
+        data    # [block, layer, 2 (K, V), kv_head, token, head_dim]
+        scales  # [block, layer, 2, kv_head, token, head_dim // group]  f32, at scale_off0
 
 One task = (query row m, kv head, split of the key blocks).  The G = H / KVH query heads
 of a group share every K/V row read, the softmax is online per block (one rescale per
@@ -42,28 +46,31 @@ from .simd import make_tag, vlanes, vtag
 
 
 @kernel
-def kv_offset(layer, kv, kvh, j, d, KVH, bs, D, kind):
-    """Element index in a pool block of (layer, kv 0 K / 1 V, kv head, slot j, dim d)."""
-    base = ((layer * 2 + kv) * KVH + kvh) * bs * D
-    if kv == 0 and kind != 2:
+def kv_index(pool, blk, layer, kv, kvh, j, d, KVH, bs, D, kind):
+    """Index in the flat pool data of (block, layer, kv 0 K / 1 V, kv head, slot j, dim d)."""
+    if kind == 2:  # block-major
+        return blk * pool.shape[1] + ((layer * 2 + kv) * KVH + kvh) * bs * D + j * D + d
+    base = (((layer * KVH + kvh) * pool.shape[0] + blk) * 2 + kv) * bs * D  # head-major
+    if kv == 0:
         return base + d * bs + j  # K^T [D, bs]
     return base + j * D + d
 
 
 @kernel
-def _load_rows(pool, pool_f32, blk, off, n, kind, lut, scale_off, group, dst):
-    """dst[:n] = f32 of pool[blk, off : off + n] (n = rows * D, rows contiguous)."""
+def _load_rows(flat, flat_f32, off, n, kind, lut, scale_off, group, dst):
+    """dst[:n] = f32 of flat[off : off + n] (n = rows * D, rows contiguous; int8: times the
+    scales flat_f32[scale_off ...], one per group)."""
     if kind == 1:
         for i in range(n):
-            dst[i] = lut[np.int64(pool[blk, off + i])]
+            dst[i] = lut[np.int64(flat[off + i])]
     elif kind == 0:
         for i in range(n):
-            dst[i] = np.float32(pool[blk, off + i])
+            dst[i] = np.float32(flat[off + i])
     else:
         for g in range(n // group):
-            sc = pool_f32[blk, scale_off + g]
+            sc = flat_f32[scale_off + g]
             for i in range(g * group, (g + 1) * group):
-                dst[i] = np.float32(pool[blk, off + i]) * sc
+                dst[i] = np.float32(flat[off + i]) * sc
 
 
 @kernel
@@ -87,17 +94,21 @@ def _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, 
     rsum = np.zeros(G, np.float32)
     acc = np.zeros((G, D), np.float32)  # [G, D] running weighted sum of values
     gs = D // group
+    flat, flat_f32 = pool.reshape(-1), pool_f32.reshape(-1)
     for b in range(b0, b1):
         blk = table[b]
         n_valid = min(bs, t_end - b * bs)
-        rk = ((layer * 2 + 0) * KVH + kvh) * bs  # first K row of this (layer, head) in the block
+        rk = ((layer * 2 + 0) * KVH + kvh) * bs  # int8: first K row of this (layer, head) in the block
         rv = ((layer * 2 + 1) * KVH + kvh) * bs
+        s0 = blk * pool_f32.shape[1] + scale_off0  # int8: the block's scales
         if kind == 2:
-            _load_rows(pool, pool_f32, blk, rk * D, n_valid * D, kind, lut, scale_off0 + rk * gs, group, kbuf)
+            _load_rows(flat, flat_f32, kv_index(pool, blk, layer, 0, kvh, 0, 0, KVH, bs, D, kind), n_valid * D,
+                       kind, lut, s0 + rk * gs, group, kbuf)
         else:  # K^T [D, bs] -> kbuf [token, D]
+            k0 = kv_index(pool, blk, layer, 0, kvh, 0, 0, KVH, bs, D, kind)
             for d in range(D):
                 for j in range(n_valid):
-                    x = pool[blk, kv_offset(layer, 0, kvh, j, d, KVH, bs, D, kind)]
+                    x = flat[k0 + d * bs + j]
                     kbuf[j * D + d] = lut[np.int64(x)] if kind == 1 else np.float32(x)
         for g in range(G):
             for j in range(n_valid):
@@ -120,7 +131,8 @@ def _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, 
             rmax[g] = new
             for d in range(D):
                 acc[g, d] *= corr
-        _load_rows(pool, pool_f32, blk, rv * D, n_valid * D, kind, lut, scale_off0 + rv * gs, group, kbuf)
+        _load_rows(flat, flat_f32, kv_index(pool, blk, layer, 1, kvh, 0, 0, KVH, bs, D, kind), n_valid * D, kind,
+                   lut, s0 + rv * gs, group, kbuf)
         for j in range(n_valid):
             for g in range(G):
                 p = sbuf[g, j]
@@ -256,13 +268,14 @@ def paged_attention(q, pool, pool_f32, lut, kind, group, scale_off0, table, laye
 def store_rows(pool, table, layer, kv, bs, pos0, src):
     """pool[...] <- src  # [M, KVH, D] (uint16 f16 bits or f32, the pool's dtype), positions pos0.."""
     M, KVH, D = src.shape
+    flat = pool.reshape(-1)
     for m in range(M):
         p = pos0 + m
         blk = table[p // bs]
         j = p % bs
         for h in range(KVH):
             for d in range(D):
-                pool[blk, kv_offset(layer, kv, h, j, d, KVH, bs, D, 0)] = src[m, h, d]
+                flat[kv_index(pool, blk, layer, kv, h, j, d, KVH, bs, D, 0)] = src[m, h, d]
 
 
 @kernel

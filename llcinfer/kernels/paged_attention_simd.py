@@ -248,14 +248,15 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     esz = pool.itemsize
     row_b = D * esz
     kv_b = bs * row_b  # bytes of one (layer, K or V, head) in a block: K^T [D, bs], V [bs, D]
-    kv0 = addr(pool) + ((layer * 2 + 0) * KVH + kvh) * kv_b  # this (layer, K, head) in block 0
-    v_off = KVH * kv_b  # V rows follow the layer's K rows
+    blk_b = 2 * kv_b  # head-major pool (kv_index): block b of (layer, head) is blk_b bytes after b - 1
+    kv0 = addr(pool) + (layer * KVH + kvh) * pool.shape[0] * blk_b  # this (layer, head)'s K in block 0
+    v_off = kv_b  # V rows follow the block's K^T
     qa, sa, aa, ca, rsa = addr(qs), addr(sbuf), addr(acc), addr(corr), addr(rsv)
     for b in range(b0, b1):
-        kb = kv0 + np.int64(table[b]) * pool.strides[0]
+        kb = kv0 + np.int64(table[b]) * blk_b
         n_valid = min(bs, t_end - b * bs)
         # K and V of the block _PREFETCH ahead, towards L2, spread over the first QK pass
-        nxt = kv0 + np.int64(table[b + _PREFETCH]) * pool.strides[0] if b + _PREFETCH < b1 else 0
+        nxt = kv0 + np.int64(table[b + _PREFETCH]) * blk_b if b + _PREFETCH < b1 else 0
         for gi in range(n_qk):
             g0 = gi * G // n_qk
             gn = (gi + 1) * G // n_qk - g0

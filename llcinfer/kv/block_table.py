@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from ..errors import ContextLengthError, OutOfMemoryError
-from ..kernels.paged_attention import kv_offset, paged_attention, store_rows, store_rows_int8
+from ..kernels.paged_attention import kv_index, paged_attention, store_rows, store_rows_int8
 from ..kernels.tables import F16_TO_F32
 from .pool import KVPool
 from .prefix import PrefixCache
@@ -139,9 +139,9 @@ class PagedSequence:
             blk, j = int(self.table[t // bs]), t % bs
             for kv in (0, 1):
                 rows = ((layer * 2 + kv) * KVH + np.arange(KVH)) * bs + j  # [KVH] row ids (int8 scales)
-                idx = kv_offset.py_func(layer, kv, np.arange(KVH)[:, None], j, np.arange(D)[None, :], KVH, bs, D,
-                                        p.kind)  # [KVH, D] element ids
-                raw = p.data[blk, idx.ravel()].reshape(KVH, D)
+                idx = kv_index.py_func(p.data, blk, layer, kv, np.arange(KVH)[:, None], j, np.arange(D)[None, :], KVH,
+                                       bs, D, p.kind)  # [KVH, D] flat element ids
+                raw = p.data.reshape(-1)[idx.ravel()].reshape(KVH, D)
                 if p.kind == 1:
                     out[kv, t - start] = raw.view(np.float16)
                 elif p.kind == 0:

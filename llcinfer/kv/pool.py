@@ -7,10 +7,15 @@ write, and handed back with ``madvise(MADV_DONTNEED)`` when the last sequence us
 lets go.  The mapping never moves: the base address and every block's offset are fixed
 for the life of the pool, so kernels and worker threads may keep raw pointers.
 
-Block layout (one block = ``block_size`` tokens of every layer, page-aligned stride):
+A block is ``block_size`` tokens of every layer.  Layouts (``kv_index`` in
+kernels/paged_attention.py is the formula):
 
-    data    # [layer, 2 (K, V), kv_head, token, head_dim]  f16 bits | int8 | f32
-    scales  # [layer, 2, kv_head, token, head_dim / group] f32 (int8 only), after data
+    f16 / f32, head-major: the blocks of one (layer, kv head) are adjacent (a sequence's
+    attention reads one stream per head), a block is L * KVH chunks of ``chunk_bytes``
+        data    # [layer, kv_head, block, 2 (K, V), token * head_dim]  (K transposed)
+    int8, block-major (page-aligned block stride):
+        data    # [block, layer, 2 (K, V), kv_head, token, head_dim]
+        scales  # [block, layer, 2, kv_head, token, head_dim / group] f32, after the block's data
 
 Commitment is bounded by a byte budget (default: the available RAM less the model and a
 margin): a request for a block beyond it raises ``OutOfMemoryError`` naming the sequence
@@ -34,6 +39,7 @@ _ITEMSIZE = {"f16": 2, "int8": 1, "f32": 4}
 _DTYPE = {"f16": np.uint16, "int8": np.int8, "f32": np.float32}  # f16 kept as bit patterns
 KIND = {"f32": 0, "f16": 1, "int8": 2}  # the kernels' storage-type switch
 INT8_GROUP = 32  # int8 values per scale (llama.cpp's q8_0 block), head_dim if not a multiple
+_HUGE = 2 << 20  # transparent huge page size (x86-64, arm64 with 4 KiB pages)
 
 # Linux x86/arm value; Python < 3.12 does not export it (the kernel ignores unknown bits
 # only on exotic architectures, where the mapping is then merely accounted, not refused).
@@ -78,6 +84,8 @@ class KVPool:
         page = mmap.PAGESIZE
         self.block_bytes = -(-(self.scale_offset * 4 + scale_bytes) // page) * page  # page-aligned stride
         self.used_bytes_per_block = data_bytes + scale_bytes
+        self.head_major = self.kind != KIND["int8"]
+        self.chunk_bytes = 2 * self.block_size * head_dim * _ITEMSIZE[kv_type]  # one (layer, head) of a block
         self.reserved_bytes = self.block_bytes * self.n_blocks
         try:
             self._map = hugepages.anonymous(self.reserved_bytes, noreserve=True)  # 2 MiB pages where allowed
@@ -104,8 +112,13 @@ class KVPool:
         return int(self.data.ctypes.data)
 
     def block_address(self, block: int) -> int:
-        """Fixed address of a block's first byte."""
-        return self.base_address + int(block) * self.block_bytes
+        """Fixed address of a block's first byte (head-major: of its layer 0, head 0 chunk)."""
+        return self.base_address + int(block) * (self.chunk_bytes if self.head_major else self.block_bytes)
+
+    def _chunks(self) -> np.ndarray:
+        """Head-major data seen as [layer * kv_head, block, chunk elems]."""
+        n = self.n_layer * self.n_kv_head * self.n_blocks * (self.chunk_bytes // self.data.itemsize)
+        return self.data.reshape(-1)[:n].reshape(self.n_layer * self.n_kv_head, self.n_blocks, -1)
 
     @property
     def committed_bytes(self) -> int:
@@ -164,14 +177,35 @@ class KVPool:
         return n
 
     def _give_back(self, block: int) -> None:
-        self._map.madvise(mmap.MADV_DONTNEED, block * self.block_bytes, self.block_bytes)
+        if not self.head_major:
+            self._map.madvise(mmap.MADV_DONTNEED, block * self.block_bytes, self.block_bytes)
+        elif self.chunk_bytes % mmap.PAGESIZE == 0:  # its L * KVH chunks (smaller ones stay committed)
+            self._give_back_chunks(block)
         self._free.append(block)
         self.n_committed -= 1
         self.n_released += 1
 
+    def _give_back_chunks(self, block: int) -> None:
+        """DONTNEED the block's chunk in every (layer, head) region; where the 2 MiB page
+        around the chunk holds only free blocks, the whole page (a partly unmapped huge
+        page would stay resident until the kernel splits it under memory pressure)."""
+        region, cb = self.n_blocks * self.chunk_bytes, self.chunk_bytes
+        for r in range(self.n_layer * self.n_kv_head):
+            start, stop = r * region + block * cb, r * region + (block + 1) * cb
+            lo = max(r * region, start // _HUGE * _HUGE)
+            hi = min((r + 1) * region, lo + _HUGE)
+            b_lo, b_hi = (lo - r * region) // cb, -(-(hi - r * region) // cb)
+            if not self.refcount[b_lo:b_hi].any() and not any(b in self._cached for b in range(b_lo, b_hi)):
+                start, stop = b_lo * cb + r * region, min(b_hi * cb + r * region, (r + 1) * region)
+            self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
     # ------------------------------------------------------------------ copy-on-write
     def copy_block(self, src: int, dst: int) -> None:
-        self.data[dst] = self.data[src]
+        if self.head_major:
+            c = self._chunks()
+            c[:, dst] = c[:, src]
+        else:
+            self.data[dst] = self.data[src]
 
     def stats(self) -> dict:
         return {"kv_type": self.kv_type, "block_size": self.block_size, "block_bytes": self.block_bytes,

@@ -3,7 +3,7 @@
 # for weights and KV, vector SwiGLU and the step-overhead fixes; one after the other on an
 # otherwise idle 2-vCPU host (the host itself is shared with other tenants).
 cd /work/main
-D=2026-11-30-kt
+D=${1:-2026-11-30-kt}  # results name: the argument (mustshow-2026-11-30-serve.sh passes its own)
 R=perf/results
 set -x
 llcinfer bench -m smollm2-135m --threads 2 -p 512 -n 128 --depth 0,4096,8000 -r 4 --vs llama.cpp --fill-limit 600 --json $R/bench-$D-smollm2-135m.json > $R/bench-$D-smollm2-135m.md 2> $R/bench-$D-smollm2-135m.log

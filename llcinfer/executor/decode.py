@@ -118,7 +118,7 @@ class DecodeExecutor:
         self.tables_capacity = 64  # blocks per sequence of a new job's tables (doubled as needed)
         self.last_program: Program | None = None
         self.model_block_size = 16
-        self.profile = None  # {(M, splits): [workers, n_ops, 2] cycles} while profiling (start_profile)
+        self.profile = None  # {program key: (program, [workers, n_ops + 1, 2] cycles)} while profiling (start_profile)
         self._no_profile = np.zeros((0, 0, 2), np.int64)
 
     def start_profile(self) -> None:

@@ -190,12 +190,14 @@ class KVPool:
         around the chunk holds only free blocks, the whole page (a partly unmapped huge
         page would stay resident until the kernel splits it under memory pressure)."""
         region, cb = self.n_blocks * self.chunk_bytes, self.chunk_bytes
+        busy = self.refcount > 0  # [block] in use, or cached for the prefix index
+        busy[list(self._cached)] = True
         for r in range(self.n_layer * self.n_kv_head):
             start, stop = r * region + block * cb, r * region + (block + 1) * cb
             lo = max(r * region, start // _HUGE * _HUGE)
             hi = min((r + 1) * region, lo + _HUGE)
             b_lo, b_hi = (lo - r * region) // cb, -(-(hi - r * region) // cb)
-            if not self.refcount[b_lo:b_hi].any() and not any(b in self._cached for b in range(b_lo, b_hi)):
+            if not busy[b_lo:b_hi].any():
                 start, stop = b_lo * cb + r * region, min(b_hi * cb + r * region, (r + 1) * region)
             self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
 

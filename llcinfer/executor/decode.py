@@ -84,11 +84,9 @@ class DecodeExecutor:
         self._weights_loaded = False
         if not all(p.flags.c_contiguous for p in self.mats):
             raise UnsupportedModelError("executor: packed weights are not contiguous")
-        self.mat_addr = np.array([p.ctypes.data for p in self.mats], np.int64)  # [n_mats] addresses
-        self.mat_groups = np.array([p.shape[0] for p in self.mats], np.int64)  # [n_mats] groups of lanes rows
-        self.mat_stride = np.array([p.shape[1] for p in self.mats], np.int64)  # [n_mats] bytes per group
-        self.mat_qt = np.array([int(lin.qtype) for lin in flat], np.int64)  # [n_mats]
-        self.mat_kind = np.array([_KIND_INDEX[lin.act_kind] for lin in flat], np.int64)  # [n_mats]
+        # [n_mats, 5] columns M_ADDR, M_GROUPS (of lanes rows), M_STRIDE (bytes per group), M_QT, M_KIND
+        self.mat_table = np.array([[p.ctypes.data, p.shape[0], p.shape[1], int(lin.qtype), _KIND_INDEX[lin.act_kind]]
+                                   for p, lin in zip(self.mats, flat)], np.int64).reshape(-1, 5)
         ids, k = [], 0
         for group in lins:
             ids.append(tuple(range(k, k + len(group))))
@@ -189,9 +187,8 @@ class DecodeExecutor:
             pos = np.zeros(M, np.int64)  # [M] rows' positions
             tables = np.zeros((M, cap), np.int32)  # [M, blocks] pool block ids of row m's sequence
             seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
-            args = (prog.ops, prog.order, b["counters"], self.mat_addr, self.mat_groups, self.mat_stride, self.mat_qt,
-                    self.mat_kind, self.tag, b["x"], b["hpriv"], b["qpriv"], b["dpriv"], b["spriv"], b["qb"], b["kb"],
-                    b["vb"], b["attn"], b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm,
+            args = (prog.ops, prog.order, b["counters"], self.mat_table, self.tag, b["x"], b["hpriv"], b["qpriv"],
+                    b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"], b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm,
                     self.ffn_norm, m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv,
                     self.has_bias, b["rope_cs"], c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data,
                     pool.data_f32, pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"],

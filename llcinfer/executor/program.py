@@ -20,7 +20,7 @@ import numpy as np
 
 from ..architectures.base import ModelConfig
 from .step_kernel import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
-                          F_NTILES, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
+                          F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
                           QKV, ROPE, WO)
 
 EXTRA_FIELDS = 2  # F_M0, F_M1: the micro-batch's rows [m0, m1)
@@ -81,11 +81,20 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
 
     rows: list[list[int]] = []
 
+    # the workers that run an operator: (first worker id, count)
+    for ws in (weight_workers, attn_workers):
+        if ws and sorted(ws) != list(range(min(ws), min(ws) + len(ws))):
+            raise ValueError(f"a domain's worker ids must be consecutive, got {sorted(ws)}")
+    weight_part = (min(weight_workers), len(weight_workers))
+    attn_part = (min(attn_workers), len(attn_workers)) if attn_workers else weight_part
+
     def op(kind, layer, n_tiles, tile, wait=-1, target=0, done=-1, twait=-1, ttarget=0, mats=(-1, -1, -1), kmask=0,
            mb=(0, 0)) -> int:
         r = [0] * (N_FIELDS + EXTRA_FIELDS)
+        base, n_part = attn_part if kind in (ROPE, ATTN, MERGE) else weight_part
         r[F_KIND], r[F_LAYER], r[F_NTILES], r[F_TILE] = kind, layer, n_tiles, tile
-        r[F_WAIT], r[F_TARGET], r[F_CLAIM], r[F_DONE] = wait, target, counters(1), done
+        r[F_WAIT], r[F_TARGET], r[F_CLAIM], r[F_DONE] = wait, target, counters(n_part), done  # a claim counter per region
+        r[F_PBASE], r[F_NPART] = base, n_part
         r[F_TWAIT], r[F_TTARGET] = twait, ttarget
         r[F_MAT0], r[F_MAT1], r[F_MAT2] = mats
         r[F_KMASK], r[F_LANES] = kmask, s.lanes

@@ -131,6 +131,18 @@ def ldf(typingctx, a, i):
 
 
 @intrinsic
+def stf(typingctx, a, i, v):
+    """float32 element i at address a = v."""
+
+    def codegen(context, builder, sig, args):
+        p = builder.inttoptr(args[0], _F32.as_pointer())
+        builder.store(context.cast(builder, args[2], sig.args[2], types.float32), builder.gep(p, [args[1]]))
+        return context.get_dummy_value()
+
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
 def ldi(typingctx, a, i):
     """int32 element i at address a."""
 

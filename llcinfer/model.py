@@ -116,6 +116,9 @@ class Transformer:
         Returns logits # [M, vocab] if all_logits else [vocab] for the last token.
         """
         c, w = self.config, self.weights
+        if type(tokens) in (list, tuple) and len(tokens) == 1 and self._executor_for([cache]):
+            logits = self.executor.step([cache], tokens)  # decode: one token, checked there
+            return logits if all_logits else logits[0]
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         M = ids.size
         if M == 0:

@@ -23,8 +23,9 @@ and at the end LM_HEAD (waits the last down_done): logits[:, rows].
 import numpy as np
 
 from ..kernels.activation import swiglu_cols
+from ..kernels.dequant import quant_get_rows
 from ..kernels.jit import kernel
-from ..kernels.fused import norm_quant, quant_rows, rope_append
+from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import _task as attention_task
 from ..kernels.simd import addr, vtag
 from ..kernels.vnni_matmul import group_rows
@@ -145,6 +146,10 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
     G = H // KVH
     vt = vtag(tag)
     xin = np.zeros((2, 3), np.int64)  # [activation kind, 3] addresses of this worker's int8 input (_views)
+    cur0, cur1 = 0, x.shape[0]  # rows of the current views (all rows: one micro-batch)
+    xu, qu, ku, vu, au = x, qb, kb, vb, attn
+    gu, uu, actu, yu, lu = gate, up, act, ytmp, logits
+    posu, sequ = pos, seq
     for i in range(order.shape[1]):
         o = order[wid, i]
         if o < 0:
@@ -161,9 +166,11 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
         m0 = ops[o, N_FIELDS]
         m1 = ops[o, N_FIELDS + 1]
         M = m1 - m0
-        xu, qu, ku, vu, au = x[m0:m1], qb[m0:m1], kb[m0:m1], vb[m0:m1], attn[m0:m1]
-        gu, uu, actu, yu, lu = gate[m0:m1], up[m0:m1], act[m0:m1], ytmp[m0:m1], logits[m0:m1]
-        posu, sequ = pos[m0:m1], seq[m0:m1]
+        if m0 != cur0 or m1 != cur1:  # another micro-batch: views of its rows (each view is reference counted)
+            xu, qu, ku, vu, au = x[m0:m1], qb[m0:m1], kb[m0:m1], vb[m0:m1], attn[m0:m1]
+            gu, uu, actu, yu, lu = gate[m0:m1], up[m0:m1], act[m0:m1], ytmp[m0:m1], logits[m0:m1]
+            posu, sequ = pos[m0:m1], seq[m0:m1]
+            cur0, cur1 = m0, m1
         prepared = False
         n_part = ops[o, F_NPART]
         me = (wid - ops[o, F_PBASE]) % n_part
@@ -328,3 +335,18 @@ def serve(wid, control, version, seen, idle_cycles, *args):
         code = run_worker(wid, *args)
         atomic_store(control, (C_RESULT + 2 * wid) * S, code)
         atomic_add(control, C_FIN * S, 1)
+
+
+@kernel
+def step_prologue(pos, inv_freq, rope_cs, counters):
+    """Before a step: each row's rope cos / sin (rope_table), the counters zeroed."""
+    rope_table(pos, inv_freq, rope_cs)
+    counters[:] = 0
+
+
+@kernel
+def step_prologue_rows(w, ids, qtype, lut, x, pos, inv_freq, rope_cs, counters):
+    """step_prologue, and x = the quantized embedding rows ids of w  # [N, row bytes]
+    (ids checked by the caller)."""
+    quant_get_rows(w, ids, qtype, lut, x)
+    step_prologue(pos, inv_freq, rope_cs, counters)

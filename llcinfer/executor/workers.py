@@ -42,6 +42,11 @@ class ExecutorError(LLCInferError):
     """A worker of the executor failed; the step's results are invalid."""
 
 
+def _pinned_to(cpus: set[int] | None) -> bool:
+    """Whether the calling thread's affinity is exactly ``cpus``."""
+    return bool(cpus) and hasattr(os, "sched_getaffinity") and os.sched_getaffinity(0) == cpus
+
+
 def _pin(cpus: set[int] | None) -> set[int] | None:
     """Pin the calling thread to ``cpus``; returns its previous affinity (None: not pinned,
     or already pinned there: the caller pays one system call a step, not three)."""
@@ -94,6 +99,7 @@ class WorkerPool:
         self._abort = None  # the current job's counters (to set the abort flag)
         self._errors: list[tuple[int, BaseException]] = []
         self._results = [0] * self.n
+        self._pinned_caller = None  # thread id of a caller that was already on worker 0's cores
         self._step_args = None  # args tuple of the serve version below
         self._version = 0
         self._stop = False
@@ -162,7 +168,12 @@ class WorkerPool:
             raise ExecutorError(f"executor worker {wid} failed: {type(err).__name__}: {err}") from err
 
     def _as_caller(self, fn):
-        before = _pin(self.cpus[0])
+        me = threading.get_ident()
+        before = None
+        if me != self._pinned_caller:  # a caller found on worker 0's cores stays there: no system call a step
+            before = _pin(self.cpus[0])
+            if before is None and _pinned_to(self.cpus[0]):
+                self._pinned_caller = me
         try:
             return int(fn(0))
         except BaseException as e:  # noqa: BLE001 - reported below, after the others stop

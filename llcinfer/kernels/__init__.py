@@ -154,6 +154,13 @@ class Linear:
             quant_get_rows(self._w, ids, int(self.qtype), F16_TO_F32, out)
         return out
 
+    def quant_rows_source(self):
+        """(w  # [N, row bytes] uint8, a plain ndarray, GGML type) of a block-quantized
+        matrix, for kernels that gather rows themselves; None for float matrices."""
+        if self._kind != "quant":
+            return None
+        return np.asarray(self._w), int(self.qtype)
+
     def dequantize(self) -> np.ndarray:
         """The whole matrix as float32 [N, K] via gguf's reference dequantizers (oracle)."""
         return dequantize_tensor(self.info)

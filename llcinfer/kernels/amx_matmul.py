@@ -90,8 +90,9 @@ def _group(qt, wp, g, xq, xd, xs, y, tag_array, mode, cfg):
                     a = vfma(vload_f16(wa, o + 2 * W, tag), vsplat(dx * np.float32(sx), tag), a)
                 vstoref(acc, m * W, a)
     tile_release(mode)
+    ya, ny = addr(y), y.shape[1]
     for m in range(M):
-        _put(y, m, n0, nv, vloadf(acc, m * W, tag), tag)
+        _put(ya, ny, m, n0, nv, vloadf(acc, m * W, tag), tag)
 
 
 @parallel_kernel

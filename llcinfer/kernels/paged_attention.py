@@ -36,6 +36,8 @@ the 'generic' ISA):
 - ``_task_scalar`` (no tag, int8, other shapes): plain loops, f16 through a lookup table.
 """
 
+import math
+
 import numpy as np
 from numba import prange
 
@@ -229,7 +231,7 @@ def n_splits_for(M: int, KVH: int, n_blocks: int, threads: int) -> int:
     if threads <= 1 or M * KVH >= 2 * threads:
         return 1
     want = -(-4 * threads // (M * KVH))
-    step = threads // np.gcd(M * KVH, threads)
+    step = threads // math.gcd(M * KVH, threads)
     want = -(-want // step) * step
     return max(1, min(want, n_blocks // _BLOCKS_PER_SPLIT))
 

@@ -10,6 +10,8 @@ output agrees with llama.cpp token for token except at genuine near-ties.
                                    q = min(127, round_half_even(s x)),  x' = q / s
 """
 
+import math
+
 import numpy as np
 
 from .jit import kernel
@@ -44,6 +46,23 @@ def _half_bits(bits):
     if rem > 0x1000 or (rem == 0x1000 and (half & 1)):
         half += 1
     return np.uint16(half)
+
+
+@kernel
+def _half_value(h):
+    """The f32 value of the IEEE half with bit pattern ``h``, by arithmetic: in the decode
+    step a 256 KiB look-up table (F16_TO_F32) is out of cache after the weight stream, and
+    each look-up is a memory miss.
+        h = s eeeee mmmmmmmmmm:  e = 0: (-1)^s m 2^-24;  0 < e < 31: (-1)^s (1024 + m) 2^(e - 25)"""
+    e = np.int64((h >> 10) & 0x1F)
+    m = np.int64(h & 0x3FF)
+    if e == 31:
+        v = np.float32(np.inf) if m == 0 else np.float32(np.nan)
+    elif e == 0:
+        v = np.float32(math.ldexp(np.float64(m), -24))
+    else:
+        v = np.float32(math.ldexp(np.float64(m + 1024), e - 25))
+    return -v if h & 0x8000 else v
 
 
 # The integer form (what the SIMD dot-product kernels consume); the float form used by the

@@ -11,7 +11,7 @@ runs several of them at once on different data.
 
 import numpy as np
 
-from .act_quant import _half_bits, quantize_q8_0_int, quantize_q8_k_int
+from .act_quant import _half_bits, _half_value, quantize_q8_0_int, quantize_q8_k_int
 from .jit import kernel
 from .norm import rms_norm
 from .paged_attention import kv_index
@@ -91,7 +91,7 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, ro
                 qo = (kvh * G + g) * D
                 for d in range(D):
                     scratch[0] = q[m, qo + d]
-                    q[m, qo + d] = lut[_half_bits(scratch.view(np.uint32)[0])]
+                    q[m, qo + d] = _half_value(_half_bits(scratch.view(np.uint32)[0]))
         table = tables[seq[m]]
         blk = table[p // bs]
         slot = p % bs

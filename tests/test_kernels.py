@@ -422,6 +422,43 @@ def test_quantize_activations(kind):
         np.testing.assert_array_equal(y, x)
 
 
+def test_half_value_and_rounding_match_numpy():
+    """_half_value (half bits -> f32 without a table) on all 65536 patterns, and
+    _half_value(_half_bits(x)) = f32(f16(x)) at every scale (subnormals, overflow to inf)."""
+    from numba import njit
+
+    from llcinfer.kernels.act_quant import _half_bits, _half_value
+
+    @njit
+    def decode_all(out):
+        for h in range(65536):
+            out[h] = _half_value(np.uint16(h))
+
+    @njit
+    def round_all(x, out):
+        scratch = np.empty(1, np.float32)
+        for i in range(x.size):
+            scratch[0] = x[i]
+            out[i] = _half_value(_half_bits(scratch.view(np.uint32)[0]))
+
+    got = np.empty(65536, np.float32)
+    decode_all(got)
+    ref = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))  # -0.0 included
+    assert np.isnan(got[nan]).all()
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(20_000).astype(np.float32) * np.float32(s)
+                        for s in (1e-8, 1e-6, 3e-5, 1e-2, 1.0, 300.0, 6e4, 1e5)]
+                       + [np.array([0.0, -0.0, 65504, 65519, 65520, -65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26],
+                                   np.float32)])
+    got = np.empty_like(x)
+    round_all(x, got)
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
 @pytest.mark.parametrize("types", [("Q4_0", "Q4_K", "Q8_0"), ("Q6_K", "Q5_0"), ("Q4_1", "Q4_1", "Q6_K")],
                          ids="-".join)
 def test_linear_many_llama_rounding_equals_separate_calls(types):

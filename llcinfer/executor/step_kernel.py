@@ -183,7 +183,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 if not prepared:
                     xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, d_model, xin)
                     norm_quant(xu, attn_norm[layer], eps, hpriv[wid, :M * d_model].reshape((M, d_model)),
-                               ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                               ops[o, F_KMASK], xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
                     prepared = True
                 j = t // (G + 2)
                 r = t % (G + 2)
@@ -200,7 +200,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):
                     return atomic_load(counters, ABORT)
                 rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ, rope_cs[m0:m1],
-                            neox, round_q, lut, pool, kv_kind, tables, layer, KVH, bs)
+                            neox, round_q, pool, kv_kind, tables, layer, KVH, bs)
                 signal(counters, ops[o, F_DONE] + t)
             elif kind == ATTN:
                 S = ops[o, F_TILE]
@@ -228,21 +228,21 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                     if kind == WO:
                         K = H * D
                         xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K, xin)
-                        quant_rows(au.reshape((M, H * D)), ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                        quant_rows(au.reshape((M, H * D)), ops[o, F_KMASK], xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
                     elif kind == GATE_UP:
                         K = d_model
                         xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K, xin)
                         norm_quant(xu, ffn_norm[layer], eps, hpriv[wid, :M * K].reshape((M, K)),
-                                   ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                                   ops[o, F_KMASK], xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
                     elif kind == DOWN:
                         K = actu.shape[1]
                         xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K, xin)
-                        quant_rows(actu, ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                        quant_rows(actu, ops[o, F_KMASK], xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
                     else:  # LM_HEAD
                         K = d_model
                         xq, xd, xs = _views(qpriv, dpriv, spriv, wid, M, K, xin)
                         norm_quant(xu, out_norm, eps, hpriv[wid, :M * K].reshape((M, K)),
-                                   ops[o, F_KMASK], lut, xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
+                                   ops[o, F_KMASK], xq[0], xd[0], xs[0], xq[1], xd[1], xs[1])
                     prepared = True
                 W = ops[o, F_TILE]  # rows per tile, a multiple of the lanes
                 lanes = ops[o, F_LANES]

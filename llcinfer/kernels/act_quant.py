@@ -15,7 +15,6 @@ import math
 import numpy as np
 
 from .jit import kernel
-from .tables import F16_TO_F32
 
 # activation kinds (what a weight type pairs with)
 ACT_F32, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
@@ -68,7 +67,7 @@ def _half_value(h):
 # The integer form (what the SIMD dot-product kernels consume); the float form used by the
 # generic kernels and the exact-f32 comparisons is q * scale (quantize_activations).
 @kernel
-def quantize_q8_0_int(x, lut, q, d, s):
+def quantize_q8_0_int(x, q, d, s):
     """x  # [M, K] f32, K % 32 == 0  ->  q  # [M, K] int8,  d  # [M, K/32] f32 (the f16 scale),
     s  # [M, K/32] int32 (sum of the block's q)"""
     M, K = x.shape
@@ -82,7 +81,7 @@ def quantize_q8_0_int(x, lut, q, d, s):
             dd = amax / np.float32(127.0)
             inv = np.float32(1.0) / dd if dd != 0 else np.float32(0.0)
             scratch[0] = dd
-            d[m, b] = lut[_half_bits(scratch_bits[0])]
+            d[m, b] = _half_value(_half_bits(scratch_bits[0]))
             tot = 0
             for j in range(32):
                 v = np.int32(np.round(x[m, 32 * b + j] * inv))
@@ -131,7 +130,7 @@ def quantize_activations_int(x: np.ndarray, kind: int):
     if kind == ACT_Q8_0:
         d = np.empty((M, K // 32), np.float32)
         s = np.empty((M, K // 32), np.int32)
-        quantize_q8_0_int(x, F16_TO_F32, q, d, s)
+        quantize_q8_0_int(x, q, d, s)
     elif kind == ACT_Q8_K:
         d = np.empty((M, K // 256), np.float32)
         s = np.empty((M, K // 16), np.int32)

@@ -18,19 +18,19 @@ from .paged_attention import kv_index
 
 
 @kernel
-def quant_rows(h, kmask, lut, q0, d0, s0, q1, d1, s1):
+def quant_rows(h, kmask, q0, d0, s0, q1, d1, s1):
     """h  # [M, K] f32 -> (q0, d0, s0) Q8_0 if kmask & 1, (q1, d1, s1) Q8_K if kmask & 2."""
     if kmask & 1:
-        quantize_q8_0_int(h, lut, q0, d0, s0)
+        quantize_q8_0_int(h, q0, d0, s0)
     if kmask & 2:
         quantize_q8_k_int(h, q1, d1, s1)
 
 
 @kernel
-def norm_quant(x, w, eps, h, kmask, lut, q0, d0, s0, q1, d1, s1):
+def norm_quant(x, w, eps, h, kmask, q0, d0, s0, q1, d1, s1):
     """h = rmsnorm(x) * w  # [M, K], then quant_rows(h)."""
     rms_norm(x, w, eps, h)
-    quant_rows(h, kmask, lut, q0, d0, s0, q1, d1, s1)
+    quant_rows(h, kmask, q0, d0, s0, q1, d1, s1)
 
 
 @kernel
@@ -45,13 +45,12 @@ def rope_table(pos, inv_freq, cs):
 
 
 @kernel
-def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, round_q, lut,
+def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, round_q,
                 pool, kind, tables, layer, KVH, bs):
     """The KV group ``kvh`` of every row m:  q heads kvh*G .. kvh*G+G-1 and k/v head kvh.
 
     q  # [M, H*D], k, v  # [M, KVH*D] f32 (projections, rotated here in place)
     bq # [H*D], bk, bv  # [KVH*D] biases (has_bias)
-    lut  # [65536] f16 bits -> f32 (round_q: q = f16(q))
     pos, seq  # [M] position and sequence of each row;  tables  # [n_seq, blocks] int32
     cs  # [M, D/2, 2] rope cos / sin of each row (rope_table)
     pool  # [block, elems]: f16 bits (kind 1) or f32 (kind 0), layout of paged_attention.py (K^T)

@@ -93,17 +93,18 @@ def quantize_q8_0_int(x, q, d, s):
 @kernel
 def quantize_q8_k_int(x, q, d, s):
     """x  # [M, K] f32, K % 256 == 0  ->  q  # [M, K] int8,  d  # [M, K/256] f32,
-    s  # [M, K/16] int32 (sums of 16 q, llama.cpp's bsums)"""
+    s  # [M, K/16] int32 (sums of 16 q, llama.cpp's bsums)
+
+    Loops written for the vectorizer (a max reduction, then the first index holding it,
+    as llama.cpp's strict ``>`` scan picks; then the rounding and the sums in plain loops):
+    each worker quantizes a whole FFN activation before its W_down tiles."""
     M, K = x.shape
     for m in range(M):
         for b in range(K // 256):
+            xb = x[m, 256 * b:256 * (b + 1)]
             amax = np.float32(0.0)
-            vmax = np.float32(0.0)
             for j in range(256):
-                a = abs(x[m, 256 * b + j])
-                if a > amax:
-                    amax = a
-                    vmax = x[m, 256 * b + j]
+                amax = max(amax, abs(xb[j]))
             if amax == 0:
                 d[m, b] = 0.0
                 for j in range(256):
@@ -111,14 +112,18 @@ def quantize_q8_k_int(x, q, d, s):
                 for j in range(16):
                     s[m, 16 * b + j] = 0
                 continue
-            iscale = np.float32(-127.0) / vmax
+            j = 0
+            while abs(xb[j]) != amax:
+                j += 1
+            iscale = np.float32(-127.0) / xb[j]
             d[m, b] = np.float32(1.0) / iscale
+            qb = q[m, 256 * b:256 * (b + 1)]
+            for j in range(256):
+                qb[j] = np.int8(min(np.float32(127.0), np.float32(np.rint(iscale * xb[j]))))
             for g in range(16):
                 tot = 0
                 for j in range(16):
-                    v = np.int32(min(np.float32(127.0), np.float32(np.rint(iscale * x[m, 256 * b + 16 * g + j]))))
-                    q[m, 256 * b + 16 * g + j] = v
-                    tot += v
+                    tot += np.int32(qb[16 * g + j])
                 s[m, 16 * b + g] = tot
 
 

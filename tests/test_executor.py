@@ -102,6 +102,22 @@ def test_worker_failure_propagates_and_pool_stays_usable(tiny):
     ex.close()
 
 
+def test_bad_token_ids_are_refused_before_any_work(tiny):
+    path = tiny("Q8_0")
+    m = Transformer(GGUFFile(path))
+    ex = DecodeExecutor(m, Domains(weight=(None, None)))
+    seqs = _prefilled(m, [[1, 2, 3]])
+    for bad, msg in (([-1], "out of range"), ([m.config.vocab_size], "out of range"), ([3.7], "must be integers"),
+                     (["4"], "must be integers"), ([None], "must be integers"), ([4, 5], "2 tokens for 1")):
+        with pytest.raises(ValueError, match=msg):
+            ex.step(seqs, bad)
+        assert seqs[0].n_tokens == 3  # nothing appended
+    good = ex.step(seqs, [np.int64(4)])
+    seqs[0].truncate(3)
+    assert np.array_equal(ex.step(seqs, [4]), good)
+    ex.close()
+
+
 def test_serving_workers_follow_new_arguments_python_jobs_and_idle(tiny):
     """Workers 1.. stay in the numba serve loop between steps; they must leave it for a new
     argument tuple (another pool, grown block tables), a Python job in between, and after

@@ -9,6 +9,7 @@ and reused for every token.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,10 +195,7 @@ class DecodeExecutor:
         only the contents of ``pos`` and ``tables`` change."""
         key = (M, S)  # one pool per key is kept alive: the latest one
         job = self._jobs.get(key)
-        if (job is not None and self.profile is None and job["pool"] is pool and job["tables"].shape[1] >= nb
-                and job["prof"] is self._no_profile):
-            return job  # the common case, kept short (see step)
-        prof = self._profile(self.program(M, S))
+        prof = self._no_profile if self.profile is None else self._profile(self.program(M, S))
         if job is None or job["tables"].shape[1] < nb or job["pool"] is not pool or job["prof"] is not prof:
             cap = self.tables_capacity if job is None else job["tables"].shape[1]
             while cap < nb:  # room for the blocks, doubled as sequences grow
@@ -207,7 +205,8 @@ class DecodeExecutor:
             tables = np.zeros((M, cap), np.int32)  # [M, blocks] pool block ids of row m's sequence
             seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
             args = (prog.ops, prog.order, b["counters"], self.mat_table, self.tag, b["x"], b["hpriv"], b["qpriv"],
-                    b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"], b["gate"], b["up"], b["act"], b["ytmp"], b["logits"], self.attn_norm,
+                    b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"], b["gate"], b["up"], b["act"],
+                    b["ytmp"], b["logits"], self.attn_norm,
                     self.ffn_norm, m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv,
                     self.has_bias, b["rope_cs"], c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data,
                     pool.data_f32, pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"],
@@ -224,7 +223,10 @@ class DecodeExecutor:
         so every call and array operation is a string of cache misses (measured 230-280 us
         a token on SmolLM2, 40 us warm): the ids are checked as Python ints, the embedding
         rows, rope table and counter reset are one kernel (step_prologue)."""
-        ids = [int(t) for t in tokens]
+        try:
+            ids = [operator.index(t) for t in tokens]  # ints and numpy ints; not 3.7, "3" or None
+        except TypeError:
+            raise ValueError(f"token ids must be integers, got {list(tokens)!r}"[:200]) from None
         M = len(seqs)
         if len(ids) != M or M == 0:
             raise ValueError(f"executor step: {len(ids)} tokens for {M} sequences")

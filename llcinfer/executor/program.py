@@ -20,8 +20,8 @@ import numpy as np
 
 from ..architectures.base import ModelConfig
 from .step_kernel import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
-                          F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
-                          QKV, ROPE, WO)
+                          F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD,
+                          MERGE, N_FIELDS, QKV, ROPE, WO)
 
 EXTRA_FIELDS = 2  # F_M0, F_M1: the micro-batch's rows [m0, m1)
 F_M0, F_M1 = N_FIELDS, N_FIELDS + 1
@@ -93,7 +93,8 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
         r = [0] * (N_FIELDS + EXTRA_FIELDS)
         base, n_part = attn_part if kind in (ROPE, ATTN, MERGE) else weight_part
         r[F_KIND], r[F_LAYER], r[F_NTILES], r[F_TILE] = kind, layer, n_tiles, tile
-        r[F_WAIT], r[F_TARGET], r[F_CLAIM], r[F_DONE] = wait, target, counters(n_part), done  # a claim counter per region
+        # a claim counter per region of the tiles (step_kernel.next_tile)
+        r[F_WAIT], r[F_TARGET], r[F_CLAIM], r[F_DONE] = wait, target, counters(n_part), done
         r[F_PBASE], r[F_NPART] = base, n_part
         r[F_TWAIT], r[F_TTARGET] = twait, ttarget
         r[F_MAT0], r[F_MAT1], r[F_MAT2] = mats

@@ -190,12 +190,15 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                 r = t % (G + 2)
                 gph = D // ops[o, F_LANES]  # vector groups per head
                 if r == 0:
-                    _matmul_rows(mats, ops[o, F_MAT1], j * gph, (j + 1) * gph, xin, M, d_model, addr(ku), ku.shape[1], vt)
+                    _matmul_rows(mats, ops[o, F_MAT1], j * gph, (j + 1) * gph, xin, M, d_model, addr(ku),
+                                 ku.shape[1], vt)
                 elif r == 1:
-                    _matmul_rows(mats, ops[o, F_MAT2], j * gph, (j + 1) * gph, xin, M, d_model, addr(vu), vu.shape[1], vt)
+                    _matmul_rows(mats, ops[o, F_MAT2], j * gph, (j + 1) * gph, xin, M, d_model, addr(vu),
+                                 vu.shape[1], vt)
                 else:
                     h = j * G + r - 2
-                    _matmul_rows(mats, ops[o, F_MAT0], h * gph, (h + 1) * gph, xin, M, d_model, addr(qu), qu.shape[1], vt)
+                    _matmul_rows(mats, ops[o, F_MAT0], h * gph, (h + 1) * gph, xin, M, d_model, addr(qu),
+                                 qu.shape[1], vt)
                 signal(counters, ops[o, F_DONE] + j)
             elif kind == ROPE:
                 if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):

@@ -15,38 +15,11 @@ from .simd import addr, ldf, stf, vadd, vdiv, vexp, vlanes, vloadf, vmul, vsplat
 
 
 @kernel
-def _swiglu_scalar(gate, up, y, m, f0):
-    for f in range(f0, gate.shape[1]):
+def _swiglu_scalar(gate, up, y, m):
+    for f in range(gate.shape[1]):
         g = gate[m, f]
         e = np.exp(min(-g, np.float32(80.0)))
         y[m, f] = g / (np.float32(1.0) + e) * up[m, f]
-
-
-@kernel
-def _swiglu_simd(gate, up, y, vt):
-    M, F = gate.shape
-    W = vlanes(vt)
-    one = vsplat(np.float32(1.0), vt)
-    for m in range(M):
-        ga, ua, ya = addr(gate[m]), addr(up[m]), addr(y[m])
-        f = 0
-        while f + W <= F:
-            g = vloadf(ga, 4 * f, vt)
-            e = vexp(vsub(vzero_f(vt), g))
-            vstore(ya, 4 * f, vmul(vdiv(g, vadd(one, e)), vloadf(ua, 4 * f, vt)))
-            f += W
-        _swiglu_scalar(gate, up, y, m, f)
-
-
-@kernel
-def swiglu(gate, up, y, tag=None):
-    """gate, up, y  # [M, F] f32, rows contiguous (y may alias gate); tag: the SIMD path,
-    None for the scalar loop."""
-    if tag is None:
-        for m in range(gate.shape[0]):
-            _swiglu_scalar(gate, up, y, m, 0)
-    else:
-        _swiglu_simd(gate, up, y, vtag(tag))
 
 
 @kernel
@@ -68,3 +41,20 @@ def swiglu_cols(ga, ua, ya, M, F, f0, f1, vt):
             e = np.exp(min(-g, np.float32(80.0)))
             stf(ya, m * F + f, g / (np.float32(1.0) + e) * ldf(ua, m * F + f))
             f += 1
+
+
+@kernel
+def _swiglu_simd(gate, up, y, vt):
+    for m in range(gate.shape[0]):  # rows may be strided: one call per row
+        swiglu_cols(addr(gate[m]), addr(up[m]), addr(y[m]), 1, gate.shape[1], 0, gate.shape[1], vt)
+
+
+@kernel
+def swiglu(gate, up, y, tag=None):
+    """gate, up, y  # [M, F] f32, rows contiguous (y may alias gate); tag: the SIMD path,
+    None for the scalar loop."""
+    if tag is None:
+        for m in range(gate.shape[0]):
+            _swiglu_scalar(gate, up, y, m)
+    else:
+        _swiglu_simd(gate, up, y, vtag(tag))

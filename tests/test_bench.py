@@ -102,6 +102,13 @@ def test_roofline_maths():
     rec = Record(OURS, None, "m", "tg", 2, 0, 128, samples_tps=[100.0, 100.0], bytes_per_token=100e6, bandwidth=25e9)
     assert rec.tpot_ms == pytest.approx(10.0) and rec.roofline_fraction == pytest.approx(0.4)
     assert Record(LLAMA, "native", "m", "tg", 2, 0, 128, samples_tps=[100.0]).roofline_fraction is None
+    # a probe per repetition: each repetition against its own probe, then the median
+    # (100 t/s x 100 MB = 10 GB/s against 20, 10 and 12.5 GB/s -> 50 %, 100 %, 80 %)
+    rec = Record(OURS, None, "m", "tg", 2, 0, 128, samples_tps=[100.0, 100.0, 100.0], bytes_per_token=100e6,
+                 bandwidth=12.5e9, samples_bw=[20e9, 10e9, 12.5e9])
+    assert rec.roofline_fraction == pytest.approx(0.8)
+    again = Record.from_json(rec.to_json())
+    assert again.samples_bw == pytest.approx(rec.samples_bw) and again.roofline_fraction == pytest.approx(0.8)
 
 
 def test_anchor_is_best_build_and_table_names_it():
@@ -181,10 +188,20 @@ class _FakeOurs:
         return 1e6
 
 
+class _FakeProbe:
+    """A probe that reads 1 GB/s; it checks it is sized to the bytes per token."""
+
+    def __init__(self, n_bytes, threads):
+        assert n_bytes == 1e6 and threads >= 1
+
+    def read(self):
+        return 1e9
+
+
 def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
     monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
-    monkeypatch.setattr(compare, "read_bandwidth", lambda n, t: 1e9)
+    monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
     builds = {"native": _sigill_llama_bench(tmp_path), "portable": _fake_llama_bench(tmp_path, PP_FIXTURE)}
     s = compare.BenchSettings(models=["m"], threads=[2], n_prompt=64, n_gen=16, depths=[0, 512], reps=2)
     recs = compare.run_bench(s, builds, [])
@@ -196,6 +213,7 @@ def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
         assert port.status == "ok" and port.anchor and len(port.samples_tps) == 4  # 2 reps x 2 samples
         assert by[(OURS, None, test)].samples_tps == [pytest.approx(100.0 if test == "pp64" else 50.0)] * 2
     assert by[(OURS, None, "tg16")].roofline_fraction == pytest.approx(1e6 / 0.02 / 1e9)
+    assert by[(OURS, None, "tg16")].samples_bw == [1e9, 1e9] and by[(OURS, None, "pp64")].samples_bw == []
     table = report.markdown_table(recs)
     assert "native crashed" in table and "(portable" in table
 
@@ -203,7 +221,7 @@ def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
 def test_block_alternation_runs_llama_bench_once_per_build(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
     monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
-    monkeypatch.setattr(compare, "read_bandwidth", lambda n, t: 1e9)
+    monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
     calls = tmp_path / "calls"
     exe = _exe(tmp_path / "lb", f"#!/bin/sh\necho \"$@\" >> '{calls}'\ncat '{TG_FIXTURE}'\n")
     s = compare.BenchSettings(models=["m"], threads=[1], n_prompt=0, n_gen=16, depths=[512], reps=3, alternate="block")

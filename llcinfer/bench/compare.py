@@ -9,10 +9,15 @@ runs our repetitions, then ``llama-bench -r R`` once per build (one depth fill e
 cheaper at large depths, less robust to drift.
 
 Tests: ``pp<P>`` at depth 0, and ``tg<N>`` at every depth (``tg<N> @ d<D>``).
+
+Roofline: after each of our ``tg`` repetitions, a read-bandwidth probe of the same
+working-set size and thread count is read (about 0.2 s); each repetition's fraction is its
+bytes/s over the probe next to it, and the row reports their median.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +25,7 @@ from pathlib import Path
 from .. import catalog
 from . import llama_bench
 from .ours import OursBench
-from .probe import read_bandwidth
+from .probe import ReadProbe
 from .report import LLAMA, OURS, Record, mark_anchors
 
 N_CTX_MARGIN = 16
@@ -68,7 +73,6 @@ def _llama_step(rec: Record, exe: Path, path: Path, s: BenchSettings, kind: str,
 
 def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) -> list[Record]:
     """Append records to ``records`` as tests finish (so an interrupt keeps what is done)."""
-    probe_cache: dict[tuple[int, int], float] = {}
     for model in s.models:
         path = catalog.resolve_model(model, progress=True)
         name = Path(path).stem if Path(str(model)).suffix == ".gguf" else str(model)
@@ -81,10 +85,14 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
                 mine = Record(OURS, None, name, kind, threads, depth, n)
                 theirs = {b: Record(LLAMA, b, name, kind, threads, depth, n) for b in builds}
                 log(f"-- {name} {mine.test}, {threads} threads")
+                probe = None  # tg: read next to each repetition
                 try:
                     mine.fill = ours.set_depth(depth, s.fill, s.fill_limit_s) if depth else None
                     run = ours.pp if kind == "pp" else ours.tg
                     run(min(n, 8))  # warm-up at this depth
+                    if kind == "tg":
+                        mine.bytes_per_token = ours.bytes_per_token(depth, n)
+                        probe = ReadProbe(int(mine.bytes_per_token), threads)
                 except Exception as exc:  # noqa: BLE001 - report, keep comparing
                     mine.status, mine.error = "failed", f"{type(exc).__name__}: {exc}"
                     log(f"    llcinfer: failed ({mine.error})")
@@ -93,7 +101,10 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
                         try:
                             tps = n / run(n)
                             mine.samples_tps.append(tps)
-                            log(f"    llcinfer rep {i + 1}/{s.reps}: {tps:.2f} t/s")
+                            if probe is not None:
+                                mine.samples_bw.append(probe.read())
+                            bw = f", probe {mine.samples_bw[-1] / 1e9:.1f} GB/s" if probe is not None else ""
+                            log(f"    llcinfer rep {i + 1}/{s.reps}: {tps:.2f} t/s{bw}")
                         except Exception as exc:  # noqa: BLE001
                             mine.status, mine.error = "failed", f"{type(exc).__name__}: {exc}"
                             log(f"    llcinfer: failed ({mine.error})")
@@ -106,12 +117,9 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
                 for rec in theirs.values():
                     if rec.status == "ok" and not rec.samples_tps:
                         rec.status, rec.error = "failed", "no samples"
-                if kind == "tg" and mine.status == "ok":
-                    mine.bytes_per_token = ours.bytes_per_token(depth, n)
-                    key = (int(mine.bytes_per_token) >> 20, threads)
-                    if key not in probe_cache:
-                        probe_cache[key] = read_bandwidth(int(mine.bytes_per_token), threads)
-                    mine.bandwidth = probe_cache[key]
+                probe = None  # frees the probe's working set before the next test
+                if mine.samples_bw:
+                    mine.bandwidth = float(statistics.median(mine.samples_bw))
                 records.append(mine)
                 records.extend(theirs.values())
                 mark_anchors(records)

@@ -60,6 +60,23 @@ def read_bandwidth(n_bytes: int, threads: int, runs: int = 7, min_seconds: float
     return _timed_rate(a, threads, runs, min_seconds)
 
 
+class ReadProbe:
+    """A read-bandwidth probe that keeps its ``n_bytes`` array between readings, so it
+    can be read next to every benchmark repetition at the cost of the reading alone
+    (the host's bandwidth moves between repetitions; one probe per row does not see it)."""
+
+    def __init__(self, n_bytes: int, threads: int):
+        rows = max(64, int(n_bytes) // (4 * LANES))
+        self.threads = threads
+        self.array = np.empty((rows, LANES), np.float32)  # [rows, LANES]
+        set_threads(threads)
+        _fill(self.array, np.float32(1.0))  # committed, pages faulted in parallel
+
+    def read(self, runs: int = 3, min_seconds: float = 0.05) -> float:
+        """Median bytes/s of ``runs`` timed passes (about runs x min_seconds)."""
+        return _timed_rate(self.array, self.threads, runs, min_seconds)
+
+
 def _timed_rate(a: np.ndarray, threads: int, runs: int, min_seconds: float, best: bool = False) -> float:
     """Median (``best``: highest) bytes/s of ``_sum_chunks`` over ``a`` [rows, LANES] on
     ``threads`` threads."""

@@ -63,7 +63,8 @@ class Record:
     status: str = "ok"  # ok, crashed, failed
     error: str | None = None
     bytes_per_token: float | None = None  # ours, tg: weights + KV read per decode step
-    bandwidth: float | None = None  # bytes/s the probe read at that working-set size
+    bandwidth: float | None = None  # bytes/s the probe read at that working-set size (median)
+    samples_bw: list[float] = field(default_factory=list)  # ours, tg: probe bytes/s after each repetition
     fill: str | None = None  # ours at depth > 0: how the KV depth was filled
     anchor: bool = False  # llama.cpp: the best build that ran this test
 
@@ -88,6 +89,10 @@ class Record:
     def roofline_fraction(self) -> float | None:
         if self.engine != OURS or self.kind != "tg" or self.tpot_ms is None:
             return None
+        if self.bytes_per_token and len(self.samples_bw) == len(self.samples_tps):
+            # each repetition against the probe read next to it, then the median
+            per_rep = [self.bytes_per_token * tps / bw for tps, bw in zip(self.samples_tps, self.samples_bw) if bw > 0]
+            return float(statistics.median(per_rep)) if per_rep else None
         return roofline_fraction(self.bytes_per_token or 0.0, self.tpot_ms / 1000.0, self.bandwidth or 0.0)
 
     def to_json(self) -> dict:
@@ -100,6 +105,7 @@ class Record:
             "samples_tps": [round(s, 4) for s in self.samples_tps], "error": self.error,
             "bytes_per_token": None if self.bytes_per_token is None else int(self.bytes_per_token),
             "bandwidth_gbs": r(None if self.bandwidth is None else self.bandwidth / 1e9, 2),
+            "samples_bw_gbs": [round(b / 1e9, 2) for b in self.samples_bw],
             "fill": self.fill, "anchor": self.anchor,
         }
 
@@ -111,6 +117,7 @@ class Record:
                    threads=int(d["threads"]), depth=int(d["depth"]), n_tokens=int(d["n_tokens"]),
                    samples_tps=list(d.get("samples_tps") or []), status=d.get("status", "ok"), error=d.get("error"),
                    bytes_per_token=d.get("bytes_per_token"), bandwidth=None if bw is None else bw * 1e9,
+                   samples_bw=[b * 1e9 for b in d.get("samples_bw_gbs") or []],
                    fill=d.get("fill"), anchor=bool(d.get("anchor")))
 
 

@@ -4,7 +4,7 @@ waiting for input, per worker, over ``n`` tokens at a depth.
     python perf/step_profile.py qwen2.5-coder-1.5b --threads 2
     python perf/step_profile.py smollm2-135m --threads 2 --depth 4096 --json out.json
 
-Work cycles include the tile waits of ROPE / ATTN (a head's projections).  'MB/s' is the
+The tile waits of ROPE / ATTN (a head's projections, its rope) count as waiting.  'MB/s' is the
 bytes the operator kind reads per token (weights, or KV for ATTN) over its work time on
 the workers that ran it (sum of bytes / mean of the workers' work seconds): a per-kind
 stream rate to set next to a read-bandwidth probe.  The cycle counter is RDTSC (constant

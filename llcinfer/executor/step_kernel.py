@@ -28,7 +28,8 @@ from ..kernels.dequant import quant_get_rows
 from ..kernels.jit import kernel
 from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import _task as attention_task
-from ..kernels.simd import addr, vtag
+from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
+from ..kernels.simd import addr, vlanes, vtag
 from ..kernels.vnni_matmul import group_rows
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter, sched_yield
 
@@ -146,6 +147,8 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
     KVH = kb.shape[1] // D
     G = H // KVH
     vt = vtag(tag)
+    # rope + KV append on vectors (f16 pool, D a multiple of 2W); else the scalar loops
+    rope_fast = kv_kind == 1 and rope_simd_ok(D, vlanes(vt)) and rope_cs.shape[1] * 2 == D
     xin = np.zeros((2, 3), np.int64)  # [activation kind, 3] addresses of this worker's int8 input (_views)
     cur0, cur1 = 0, x.shape[0]  # rows of the current views (all rows: one micro-batch)
     xu, qu, ku, vu, au = x, qb, kb, vb, attn
@@ -173,6 +176,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
             posu, sequ = pos[m0:m1], seq[m0:m1]
             cur0, cur1 = m0, m1
         prepared = False
+        tile_wait = 0  # cycles spent waiting for a ROPE / ATTN tile's input (profiling)
         n_part = ops[o, F_NPART]
         me = (wid - ops[o, F_PBASE]) % n_part
         k = 0  # regions this worker has exhausted (next_tile)
@@ -201,17 +205,34 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                                  qu.shape[1], vt)
                 signal(counters, ops[o, F_DONE] + j)
             elif kind == ROPE:
+                w0 = cycle_counter() if profiling else 0
                 if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):
                     return atomic_load(counters, ABORT)
-                rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ, rope_cs[m0:m1],
-                            neox, round_q, pool, kv_kind, tables, layer, KVH, bs)
+                if profiling:
+                    tile_wait += cycle_counter() - w0
+                if rope_fast:
+                    for mm in range(M):
+                        p = posu[mm]
+                        kd, vd = kv_slot_addrs(pool, tables[sequ[mm], p // bs], layer, t, p % bs, KVH, bs, D)
+                        rope_append_row(addr(qu) + 4 * (mm * qu.shape[1] + t * G * D),
+                                        addr(ku) + 4 * (mm * ku.shape[1] + t * D), addr(vu) + 4 * (mm * vu.shape[1] + t * D),
+                                        addr(bq) + 4 * (layer * bq.shape[1] + t * G * D),
+                                        addr(bk) + 4 * (layer * bk.shape[1] + t * D),
+                                        addr(bv) + 4 * (layer * bv.shape[1] + t * D), has_bias,
+                                        addr(rope_cs) + 4 * (m0 + mm) * D, G, D, neox, round_q, kd, 2 * bs, vd, vt)
+                else:
+                    rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ,
+                                rope_cs[m0:m1], neox, round_q, pool, kv_kind, tables, layer, KVH, bs)
                 signal(counters, ops[o, F_DONE] + t)
             elif kind == ATTN:
                 S = ops[o, F_TILE]
                 m = m0 + t // (KVH * S)
                 j = (t // S) % KVH
+                w0 = cycle_counter() if profiling else 0
                 if not wait_for(counters, ops[o, F_TWAIT] + j, ops[o, F_TTARGET]):
                     return atomic_load(counters, ABORT)
+                if profiling:
+                    tile_wait += cycle_counter() - w0
                 base = m * KVH * S
                 tl = t % (KVH * S)
                 q3 = qb[m:m + 1].reshape((1, H, D))
@@ -270,8 +291,8 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                     raise RuntimeError("unknown operator kind")
                 signal(counters, ops[o, F_DONE])
         if profiling:
-            prof[wid, o, 0] += c1 - c0
-            prof[wid, o, 1] += cycle_counter() - c1
+            prof[wid, o, 0] += c1 - c0 + tile_wait
+            prof[wid, o, 1] += cycle_counter() - c1 - tile_wait
     if profiling:
         prof[wid, ops.shape[0], 1] = cycle_counter()
     return 0

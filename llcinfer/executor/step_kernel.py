@@ -29,7 +29,7 @@ from ..kernels.jit import kernel
 from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import _task as attention_task
 from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
-from ..kernels.simd import addr, vlanes, vtag
+from ..kernels.simd import addr, prefetch_l2, vlanes, vtag
 from ..kernels.vnni_matmul import group_rows
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter, sched_yield
 
@@ -45,6 +45,7 @@ M_ADDR, M_GROUPS, M_STRIDE, M_QT, M_KIND = range(5)
 # counter 0: abort flag (0 running, 1 a worker failed, 2 a wait timed out)
 ABORT = 0
 SPINS_BEFORE_YIELD = 2000
+WARM_BYTES = 4096  # _warm_region
 YIELDS_BEFORE_TIMEOUT = 20_000_000  # several seconds: only a bug gets there
 
 
@@ -108,6 +109,30 @@ def _matmul_rows(mats, mat, g0, g1, xin, M, K, ya, ny, vt):
 
 
 @kernel
+def _warm_region(ops, o, mats, wid, G, D):
+    """Prefetch (towards L2) the first WARM_BYTES of the weights this worker's region of
+    matmul operator ``o`` starts with, before it waits for the operator's input: the new
+    stream's first misses overlap the wait and the input's quantization instead of
+    stalling its first tile (the hardware prefetcher needs a few lines to train)."""
+    n_part = ops[o, F_NPART]
+    me = (wid - ops[o, F_PBASE]) % n_part
+    t = me * ops[o, F_NTILES] // n_part  # first tile of this worker's region (next_tile)
+    lanes = ops[o, F_LANES]
+    if ops[o, F_KIND] == QKV:  # tiles per KV group j: [k_j, v_j, q_jG .. q_jG+G-1], one head each
+        j, r = t // (G + 2), t % (G + 2)
+        mat = ops[o, F_MAT1] if r == 0 else (ops[o, F_MAT2] if r == 1 else ops[o, F_MAT0])
+        g = (j if r < 2 else j * G + r - 2) * (D // lanes)
+    else:
+        mat = ops[o, F_MAT0]
+        g = t * (ops[o, F_TILE] // lanes)
+    if g >= mats[mat, M_GROUPS]:
+        return
+    a = mats[mat, M_ADDR] + g * mats[mat, M_STRIDE]
+    for off in range(0, WARM_BYTES, 64):
+        prefetch_l2(a, off)
+
+
+@kernel
 def _views(qpriv, dpriv, spriv, wid, M, K, xin):
     """This worker's int8 input buffers seen as [M, K] (kind 0 Q8_0, kind 1 Q8_K); their
     addresses go to xin  # [2 kinds, 3] (int8 values, block scales, block sums)."""
@@ -164,6 +189,8 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
         if kind == FAIL:
             raise RuntimeError("injected task failure")
         c0 = cycle_counter() if profiling else 0
+        if kind != ROPE and kind != ATTN and kind != MERGE:
+            _warm_region(ops, o, mats, wid, G, D)
         if not wait_for(counters, ops[o, F_WAIT], ops[o, F_TARGET]):
             return atomic_load(counters, ABORT)
         c1 = cycle_counter() if profiling else 0

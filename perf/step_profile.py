@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from llcinfer.bench.ours import OursBench  # noqa: E402
 from llcinfer.bench.probe import read_bandwidth  # noqa: E402
 from llcinfer.bench.report import kv_bytes_read  # noqa: E402
-from llcinfer.executor.step_kernel import (ATTN, DOWN, F_KIND, F_LAYER, F_MAT0, F_MAT1, F_MAT2, GATE_UP, LM_HEAD,  # noqa: E402
+from llcinfer.executor.tiles import (ATTN, DOWN, F_KIND, F_LAYER, F_MAT0, F_MAT1, F_MAT2, GATE_UP, LM_HEAD,  # noqa: E402
                                            MERGE, QKV, ROPE, WO)
 
 KINDS = {QKV: "qkv", ROPE: "rope", ATTN: "attn", MERGE: "merge", WO: "wo", GATE_UP: "gate_up", DOWN: "down",

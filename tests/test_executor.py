@@ -6,7 +6,7 @@ import pytest
 
 from llcinfer.executor import DecodeExecutor, Domains, ExecutorError, Tiles, WorkerPool, unsupported_reason
 from llcinfer.executor.graph import Graph, barrier_ns, chain, handoff_ns
-from llcinfer.executor.step_kernel import F_KIND, FAIL
+from llcinfer.executor.tiles import F_KIND, FAIL
 from llcinfer.gguf_file import GGUFFile
 from llcinfer.model import Transformer
 from tiny_models import isolated_runtime, write_tiny_model

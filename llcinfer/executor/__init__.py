@@ -1,4 +1,4 @@
-"""The dependency-driven decode executor (see decode.py, program.py, step_kernel.py)."""
+"""The dependency-driven decode executor (see decode.py, program.py, step_kernel.py, tiles.py)."""
 
 from .decode import DecodeExecutor, Domains, default_domains, unsupported_reason
 from .program import Tiles

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..kernels.jit import kernel
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, cpu_relax
-from .step_kernel import ABORT, signal, wait_for
+from .tiles import ABORT, signal, wait_for
 
 
 @kernel

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..architectures.base import ModelConfig
-from .step_kernel import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
-                          F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD,
-                          MERGE, N_FIELDS, QKV, ROPE, WO)
+from .tiles import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2, F_NPART,
+                    F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
+                    QKV, ROPE, WO)
 
 EXTRA_FIELDS = 2  # F_M0, F_M1: the micro-batch's rows [m0, m1)
 F_M0, F_M1 = N_FIELDS, N_FIELDS + 1

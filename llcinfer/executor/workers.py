@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import LLCInferError, UsageError
 from .atomics import COUNTER_STRIDE
-from .step_kernel import ABORT, C_CURRENT, C_FIN, C_GEN, C_RESULT, C_VERSION, run_worker, serve, signal, wait_job
+from .step_kernel import C_CURRENT, C_FIN, C_GEN, C_RESULT, C_VERSION, run_worker, serve, wait_job
+from .tiles import ABORT, signal
 
 # LLCINFER_PIN: 'domain' (default) pins each worker to its domain's cores, 'core' to one core
 # each, '0'/'none' leaves placement to the OS.  Per-core pinning is best on a dedicated

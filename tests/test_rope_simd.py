@@ -40,9 +40,9 @@ def _case(G, KVH, D, neox, has_bias, M, seed):
     q[0, :5] = [1e-6, -3e-7, 6.1e-5, 7e4, -2.9e-8]  # f16 subnormals, overflow, underflow
     k = rng.standard_normal((M, KVH * D)).astype(np.float32)  # [M, KVH*D]
     v = rng.standard_normal((M, KVH * D)).astype(np.float32)
-    bq = rng.standard_normal(H * D).astype(np.float32) * has_bias
-    bk = rng.standard_normal(KVH * D).astype(np.float32) * has_bias
-    bv = rng.standard_normal(KVH * D).astype(np.float32) * has_bias
+    bq = rng.standard_normal((L, H * D)).astype(np.float32) * has_bias  # [L, H*D]
+    bk = rng.standard_normal((L, KVH * D)).astype(np.float32) * has_bias  # [L, KVH*D]
+    bv = rng.standard_normal((L, KVH * D)).astype(np.float32) * has_bias
     pos = np.array([5, 17, 33, 129, 1000][:M], np.int64)
     seq = np.array([0, 1, 0, 1, 0][:M], np.int64)
     tables = rng.permutation(n_blocks).astype(np.int32).reshape(2, -1)  # [n_seq, blocks] scattered
@@ -67,12 +67,12 @@ def test_rope_append_simd_matches_oracle_and_scalar(isa, G, KVH, D, neox, has_bi
     for kvh in range(KVH):
         rope_append_simd(a["q"], a["k"], a["v"], a["bq"], a["bk"], a["bv"], has_bias, kvh, G, D, a["pos"], a["seq"],
                          a["cs"], neox, True, a["pool"], a["tables"], layer, KVH, a["bs"], make_tag(isa))
-        rope_append(b["q"], b["k"], b["v"], b["bq"], b["bk"], b["bv"], has_bias, kvh, G, D, b["pos"], b["seq"],
-                    b["cs"], neox, True, b["pool"], 1, b["tables"], layer, KVH, a["bs"])
+        rope_append(b["q"], b["k"], b["v"], b["bq"][layer], b["bk"][layer], b["bv"][layer], has_bias, kvh, G, D,
+                    b["pos"], b["seq"], b["cs"], neox, True, b["pool"], 1, b["tables"], layer, KVH, a["bs"])
     H, bs = G * KVH, a["bs"]
     for m in range(M):
-        qin = (q0[m] + a["bq"]).astype(np.float64)
-        kin = (k0[m] + a["bk"]).astype(np.float64)
+        qin = (q0[m] + a["bq"][layer]).astype(np.float64)
+        kin = (k0[m] + a["bk"][layer]).astype(np.float64)
         for h in range(H):
             want = _oracle_rope(qin[h * D:(h + 1) * D], a["pos"][m], a["inv_freq"], neox)
             with np.errstate(over="ignore"):  # the 7e4 overflows f16 to inf, as in the kernels

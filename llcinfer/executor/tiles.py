@@ -25,6 +25,7 @@ SPINS_BEFORE_YIELD = 2000
 WARM_BYTES = 4096  # _warm_region
 YIELDS_BEFORE_TIMEOUT = 20_000_000  # several seconds: only a bug gets there
 
+
 @kernel
 def wait_for(counters, c, target):
     """Spin (then yield) until counter c >= target; False if the step was aborted."""

@@ -593,11 +593,12 @@ def vexp(typingctx, a):
     return a(a), codegen
 
 
-def prefetch_ir(builder, p):
-    """IR: prefetch the cache line at i8* ``p`` towards L2 (prefetcht1); never faults."""
+def prefetch_ir(builder, p, locality=2):
+    """IR: prefetch the cache line at i8* ``p``, towards L2 (locality 2: prefetcht1) or L1
+    (3: prefetcht0); never faults."""
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32]),
                                         "llvm.prefetch.p0")
-    builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+    builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
 
 
 @intrinsic
@@ -607,6 +608,17 @@ def prefetch_l2(typingctx, a, off):
 
     def codegen(context, builder, sig, args):
         prefetch_ir(builder, _ptr(context, builder, sig.args[0], args[0], args[1]))
+        return context.get_dummy_value()
+
+    return types.none(a, off), codegen
+
+
+@intrinsic
+def prefetch_l1(typingctx, a, off):
+    """As ``prefetch_l2``, towards L1 (prefetcht0)."""
+
+    def codegen(context, builder, sig, args):
+        prefetch_ir(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), 3)
         return context.get_dummy_value()
 
     return types.none(a, off), codegen

@@ -13,6 +13,15 @@ each per repetition, and the table shows medians.  KV bytes per token = layers x
 llcinfer.bench.probe.read_bandwidth over the same number of bytes with the same threads,
 measured in the same run right after each case; '% probe' = GB/s / probe.
 
+'% FMA peak' tells whether a case is bound by bandwidth or by arithmetic: the vector FMAs
+the SIMD path must issue per token (``attention_fmas``: 2 D / lanes per key and query head,
+so G times more per KV byte with G query heads per KV head) per second, against the FMA
+throughput of the same threads measured in the run (``fma_peak``: 8 independent chains per
+thread).  On Zen 4 a zmm FMA issues once per cycle, so with G = 7 (Qwen2.5-0.5B) 56 FMAs
+per 256 KV bytes cap the read rate at peak * 256 / 56 per thread, under the bandwidth of
+one core here.  With 2 threads the paths split each layer over the numba pool (one parallel
+region per layer: the standalone path, not the executor's workers).
+
 The assembly check compiles the SIMD task afresh (in a child process, disk cache off)
 and counts vcvtph2ps, zmm/ymm FMAs, shuffles (none since K is stored transposed) and prefetches in its listing.
 Results go to perf/results/attention-<date>.json (``--json`` to change).
@@ -92,6 +101,62 @@ def _time_paths(L, H, KVH, D, ctx, threads, isas, reps):
     return {isa: float(np.median(ts)) for isa, ts in times.items()}
 
 
+def _fma_chains():
+    """A kernel of 8 independent FMA chains per thread (enough to cover the FMA latency),
+    one prange iteration per thread: the machine's vector FMA throughput."""
+    import numba
+
+    from llcinfer.kernels.jit import parallel_kernel
+    from llcinfer.kernels.simd import vfma, vlane, vsplat
+
+    @parallel_kernel
+    def chains(n_iter, n_threads, tag):
+        part = np.zeros(n_threads, np.float32)  # [thread] keeps the chains alive
+        for t in numba.prange(n_threads):
+            one = vsplat(np.float32(0.999999), tag)
+            c = vsplat(np.float32(1e-7), tag)
+            a0 = vsplat(np.float32(t), tag)
+            a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
+            for _ in range(n_iter):
+                a0 = vfma(a0, one, c)
+                a1 = vfma(a1, one, c)
+                a2 = vfma(a2, one, c)
+                a3 = vfma(a3, one, c)
+                a4 = vfma(a4, one, c)
+                a5 = vfma(a5, one, c)
+                a6 = vfma(a6, one, c)
+                a7 = vfma(a7, one, c)
+            part[t] = vlane(a0, 0) + vlane(a1, 1) + vlane(a2, 2) + vlane(a3, 3) + vlane(a4, 4) + vlane(a5, 5) \
+                + vlane(a6, 6) + vlane(a7, 7)
+        return part.sum()
+
+    return chains
+
+
+def fma_peak(threads: int, isa: str, reps: int = 7) -> float:
+    """Vector FMAs per second (of ``isa``'s width) that ``threads`` threads issue, median."""
+    from llcinfer.kernels.jit import set_threads
+    from llcinfer.kernels.simd import make_tag
+
+    chains, tag = _fma_chains(), make_tag(isa)
+    set_threads(threads)
+    n_iter = 2_000_000
+    chains(10, threads, tag)  # compile
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        chains(n_iter, threads, tag)
+        ts.append(time.perf_counter() - t0)
+    return 8 * n_iter * threads / float(np.median(ts))
+
+
+def attention_fmas(L, H, D, ctx, lanes):
+    """Vector FMAs per token of the SIMD path: per layer, key and query head, D / lanes for
+    the scores (K stored transposed: a broadcast query value times 16 keys) and D / lanes
+    for P V (a broadcast probability times a V row); conversions and exp come on top."""
+    return L * ctx * H * 2 * D // lanes
+
+
 def asm_summary(isa: str) -> dict:
     """Compile the SIMD task for ``isa`` (disk cache off) and count what matters in its
     assembly (numba's inspect_asm of _task_simd, callees linked in)."""
@@ -161,15 +226,21 @@ def main(argv=None):
 
     from llcinfer.bench.machine import machine_info
     from llcinfer.kernels import isa as isa_mod
+    from llcinfer.kernels.simd import lanes
 
     load0 = os.getloadavg()
     best = isa_mod.current_isa()
     isas = args.isa or ([best, "generic"] if best != "generic" else ["generic"])
     models = {n: MODELS[n] for m in args.models for n in MODELS if n.startswith(m)}
     rows = []
+    simd = [i for i in isas if i != "generic"]
+    peaks = {(i, th): fma_peak(th, i) for i in simd for th in args.threads}  # vector FMAs/s
+    for (i, th), v in peaks.items():
+        print(f"FMA peak {i}, {th} thread(s): {v / 1e9:.2f} G vector FMAs/s", flush=True)
     head = (f"{'model':13s} {'ctx':>6s} {'thr':>3s} {'KV MiB':>7s}  " + "  ".join(f"{i + ' ms':>15s}" for i in isas)
             + "  " + "  ".join(f"{i + ' GB/s':>17s}" for i in isas) + f"  {'probe GB/s':>10s}  "
-            + "  ".join(f"{i + ' %probe':>19s}" for i in isas) + (f"  {'speedup':>7s}" if len(isas) > 1 else ""))
+            + "  ".join(f"{i + ' %probe':>19s}" for i in isas) + (f"  {'speedup':>7s}" if len(isas) > 1 else "")
+            + "".join(f"  {i + ' %FMA peak':>22s}" for i in simd))
     print(head, flush=True)
     for name, (L, H, KVH, D) in models.items():
         for ctx in args.ctx:
@@ -182,12 +253,16 @@ def main(argv=None):
                                    "pct_probe": round(100 * gbs[i] * 1e9 / probe, 1)} for i in isas}}
                 if len(isas) > 1:
                     r["speedup"] = round(t[isas[-1]] / t[isas[0]], 2)
+                for i in simd:  # FMAs issued per second against the machine's FMA throughput
+                    fmas = attention_fmas(L, H, D, ctx, lanes(i))
+                    r["paths"][i]["pct_fma_peak"] = round(100 * fmas / t[i] / peaks[i, th], 1)
                 rows.append(r)
                 print(f"{name:13s} {ctx:6d} {th:3d} {kv_bytes / 2**20:7.1f}  "
                       + "  ".join(f"{t[i] * 1e3:15.2f}" for i in isas) + "  "
                       + "  ".join(f"{gbs[i]:17.2f}" for i in isas) + f"  {probe / 1e9:10.2f}  "
                       + "  ".join(f"{r['paths'][i]['pct_probe']:18.1f}%" for i in isas)
-                      + (f"  {r['speedup']:6.2f}x" if len(isas) > 1 else ""), flush=True)
+                      + (f"  {r['speedup']:6.2f}x" if len(isas) > 1 else "")
+                      + "".join(f"  {r['paths'][i]['pct_fma_peak']:21.1f}%" for i in simd), flush=True)
     asm = []
     if not args.no_asm:
         for i in isas:
@@ -198,6 +273,7 @@ def main(argv=None):
            "cpu_isas": isa_mod.supported_isas(),
            "numba": numba.__version__, "block_size": BLOCK, "kv_type": "f16", "reps": args.reps,
            "method": "median per-token time (all layers, 1 query row, ctx keys) via paged_attention, paths alternating",
+           "fma_peak_per_s": {f"{i}/{th}": round(v) for (i, th), v in peaks.items()},
            "loadavg_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],  # shared host
            "results": rows, "asm": asm}
     path = Path(args.json) if args.json else ROOT / "perf" / "results" / f"attention-{res['date']}.json"

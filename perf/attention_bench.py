@@ -107,7 +107,8 @@ def _fma_chains():
     import numba
 
     from llcinfer.kernels.jit import parallel_kernel
-    from llcinfer.kernels.simd import vfma, vlane, vsplat
+    from llcinfer.kernels.simd import vlane, vsplat
+    from llcinfer.kernels.simd_math import vfma
 
     @parallel_kernel
     def chains(n_iter, n_threads, tag):

@@ -103,7 +103,7 @@ def _serial_matmul(xq, xd, xs, w, qt, y, tag):
 def matmul_calibration(threads: int) -> dict:
     """unpack / MAC rates per core (in-L2, 1 thread) and the read-compute overlap (DRAM, all threads)."""
     from llcinfer.bench.probe import read_bandwidth
-    from llcinfer.kernels.act_quant import ACT_Q8_0, quantize_activations_int
+    from llcinfer.kernels.act_quant import quantize_activations_int
 
     packed, qt, rows, cols, tag, lins = _qwen_gate()
     rng = np.random.default_rng(0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,8 @@ from llcinfer.kernels.act_quant import ACT_Q8_0, ACT_Q8_K, quantize_activations,
 from llcinfer.kernels.jit import parallel_kernel, set_threads  # noqa: E402
 from llcinfer.kernels.quant_matmul import quant_matmul  # noqa: E402
 from llcinfer.kernels.repack import repack  # noqa: E402
-from llcinfer.kernels.simd import lanes, make_tag, vadd, vlane, vlanes, vloadf, vzero_f  # noqa: E402
+from llcinfer.kernels.simd import lanes, make_tag, vlane, vlanes, vloadf  # noqa: E402
+from llcinfer.kernels.simd_math import vadd, vzero_f  # noqa: E402
 from llcinfer.kernels.tables import F16_TO_F32  # noqa: E402
 from llcinfer.kernels.vnni_matmul import vnni_matmul  # noqa: E402
 from tiny_models import random_quant_bytes  # noqa: E402

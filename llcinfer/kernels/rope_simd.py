@@ -20,7 +20,8 @@ from numba.extending import intrinsic
 
 from .jit import kernel
 from .paged_attention import kv_index
-from .simd import Vec, addr, fma_ir, vadd, vfma, vlanes, vloadf, vmul, vstore, vsub, vtag
+from .simd import Vec, addr, vlanes, vloadf, vstore, vtag
+from .simd_math import fma_ir, vadd, vfma, vmul, vsub
 
 _I16, _I32 = ir.IntType(16), ir.IntType(32)
 

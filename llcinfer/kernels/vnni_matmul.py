@@ -26,9 +26,9 @@ from numba import prange
 
 from .jit import kernel, parallel_kernel
 from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
-from .simd import (addr, ldf, ldi, prefetch_l1, stf, vadd, vand, vbcast4, vcvt, vdpbusd, vdpbusd_full, vfma, vlane,
-                   vlanes, vload, vload_f16, vload_s8, vload_u8, vmul, vor, vshl, vshr, vsplat, vstore, vtag, vzero_f,
-                   vzero_i)
+from .simd import (addr, ldf, ldi, prefetch_l1, stf, vbcast4, vlane, vlanes, vload, vload_f16, vload_s8, vload_u8,
+                   vsplat, vstore, vtag)
+from .simd_math import vadd, vand, vcvt, vdpbusd, vdpbusd_full, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
 
 @kernel
 def _block_bytes(qt):

@@ -1,0 +1,271 @@
+"""Arithmetic on simd.py's vectors: lane-wise integer / float operations, shifts, the
+int -> float conversion, FMA, the u8 x s8 dot product (vpdpbusd, or its AVX2 emulation),
+max / horizontal reductions, and a vector exp (softmax, SiLU).
+
+Every operation is an ``@intrinsic`` emitting LLVM IR (see simd.py for the ``Vec`` type and
+the width tags); the ``*_ir`` helpers emit the same IR inside other intrinsics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .simd import _I8, _I16, _I32, Vec, _splat, _tag_info, _vty
+
+# -------------------------------------------------------------------------- arithmetic
+def _binop(name, int_op, float_op=None):
+    def impl(typingctx, a, b):
+        if not (isinstance(a, Vec) and a == b):
+            return None
+        op = float_op if a.is_float else int_op
+        if op is None:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+
+        return a(a, b), codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+vadd = _binop("vadd", "add", "fadd")
+vsub = _binop("vsub", "sub", "fsub")
+vmul = _binop("vmul", "mul", "fmul")  # vpmulld for ints
+vdiv = _binop("vdiv", None, "fdiv")  # floats only
+vand = _binop("vand", "and_")
+vor = _binop("vor", "or_")
+
+
+@intrinsic
+def vshr(typingctx, a, k):
+    """Logical shift right of every 32-bit lane by the constant ``k``."""
+
+    def codegen(context, builder, sig, args):
+        n = sig.args[0].n
+        s = _splat(builder, context.cast(builder, args[1], sig.args[1], types.int32), n)
+        return builder.lshr(args[0], s)
+
+    return a(a, k), codegen
+
+
+@intrinsic
+def vshl(typingctx, a, k):
+    """Shift left of every 32-bit lane by the constant ``k``."""
+
+    def codegen(context, builder, sig, args):
+        n = sig.args[0].n
+        s = _splat(builder, context.cast(builder, args[1], sig.args[1], types.int32), n)
+        return builder.shl(args[0], s)
+
+    return a(a, k), codegen
+
+
+@intrinsic
+def vcvt(typingctx, a):
+    """int32 lanes -> float32 lanes (vcvtdq2ps)."""
+    ret = Vec(a.n, True)
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _vty(sig.args[0].n, True))
+
+    return ret(a), codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """a * b + c on float vectors (vfmadd)."""
+
+    def codegen(context, builder, sig, args):
+        return fma_ir(builder, *args)
+
+    return a(a, b, c), codegen
+
+
+@intrinsic
+def vzero_i(typingctx, tag):
+    """An int vector of zeros."""
+    n, _ = _tag_info(tag)
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_vty(n), None)
+
+    return Vec(n, False)(tag), codegen
+
+
+@intrinsic
+def vzero_f(typingctx, tag):
+    """A float vector of zeros."""
+    n, _ = _tag_info(tag)
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_vty(n, True), None)
+
+    return Vec(n, True)(tag), codegen
+
+
+def _dpbusd_ir(builder, acc, a, b, n, mode):
+    vt = _vty(n)
+    if mode == "vnni":
+        bits = 32 * n
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
+                                            f"llvm.x86.avx512.vpdpbusd.{bits}")
+        return builder.call(fn, [acc, a, b])
+    # AVX2: u8 x s8 pairs -> i16 (vpmaddubsw), i16 pairs -> i32 (vpmaddwd with ones)
+    b8 = ir.VectorType(_I8, 4 * n)
+    w16 = ir.VectorType(_I16, 2 * n)
+    f1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(w16, [b8, b8]), "llvm.x86.avx2.pmadd.ub.sw")
+    f2 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+    p = builder.call(f1, [builder.bitcast(a, b8), builder.bitcast(b, b8)])
+    ones = ir.Constant(w16, [1] * (2 * n))
+    return builder.add(acc, builder.call(f2, [p, ones]))
+
+
+@intrinsic
+def vdpbusd(typingctx, acc, a, b, tag):
+    """acc + per-lane sum of 4 products u8(a) * s8(b)  (a's bytes must be < 128 on avx2)."""
+    n, mode = _tag_info(tag)
+
+    def codegen(context, builder, sig, args):
+        return _dpbusd_ir(builder, args[0], args[1], args[2], n, mode)
+
+    return acc(acc, a, b, tag), codegen
+
+
+@intrinsic
+def vdpbusd_full(typingctx, acc, a, b, tag):
+    """As vdpbusd for any u8 a (0..255): on avx2 split into nibbles to avoid i16 saturation."""
+    n, mode = _tag_info(tag)
+
+    def codegen(context, builder, sig, args):
+        acc_, a_, b_ = args[:3]
+        if mode == "vnni":
+            return _dpbusd_ir(builder, acc_, a_, b_, n, mode)
+        vt = _vty(n)
+        m = ir.Constant(vt, [0x0F0F0F0F] * n)
+        lo = builder.and_(a_, m)
+        hi = builder.and_(builder.lshr(a_, ir.Constant(vt, [4] * n)), m)
+        t = _dpbusd_ir(builder, ir.Constant(vt, None), hi, b_, n, mode)
+        acc_ = builder.add(acc_, builder.shl(t, ir.Constant(vt, [4] * n)))
+        return _dpbusd_ir(builder, acc_, lo, b_, n, mode)
+
+    return acc(acc, a, b, tag), codegen
+
+
+# ------------------------------------------------- float helpers (softmax, attention)
+def _fintrinsic(builder, name, vals):
+    t = vals[0].type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [v.type for v in vals]),
+                                        f"llvm.{name}.v{t.count}f32")
+    return builder.call(fn, list(vals))
+
+
+def fma_ir(builder, a, b, c):
+    """IR: a * b + c on float vectors of equal width (llvm.fma: vfmadd)."""
+    return _fintrinsic(builder, "fma", [a, b, c])
+
+
+def _max_ir(builder, a, b):
+    """a > b ? a : b lane-wise (vmaxps; no NaN ordering, unlike llvm.maxnum)."""
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+def _min_ir(builder, a, b):
+    return builder.select(builder.fcmp_ordered("<", a, b), a, b)
+
+
+def _float_vec(a):
+    return isinstance(a, Vec) and a.is_float
+
+
+@intrinsic
+def vmaxf(typingctx, a, b):
+    """Lane-wise max of two float vectors (vmaxps)."""
+    if not (_float_vec(a) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _max_ir(builder, *args)
+
+    return a(a, b), codegen
+
+
+def _hreduce(builder, v, op):
+    n = v.type.count
+    while n > 1:
+        h = n // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+        v = op(lo, hi)
+        n = h
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+@intrinsic
+def vhmax(typingctx, a):
+    """The largest lane of a float vector, as a float32 scalar."""
+    if not _float_vec(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _hreduce(builder, args[0], lambda x, y: _max_ir(builder, x, y))
+
+    return types.float32(a), codegen
+
+
+@intrinsic
+def vhsum(typingctx, a):
+    """The sum of the lanes of a float vector (pairwise), as a float32 scalar."""
+    if not _float_vec(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _hreduce(builder, args[0], builder.fadd)
+
+    return types.float32(a), codegen
+
+
+_EXP_LO, _EXP_HI = -87.33654, 88.0  # below: 0 (f32 underflow); above: clamped
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)  # Cephes expf, on [-ln2/2, ln2/2]
+
+
+def exp_ir(builder, x):
+    """IR: lane-wise e**x of a float vector: Cephes expf (range reduction by ln2 in two
+    parts, degree-6 polynomial, 2**n through the exponent bits); within 2 ulp, 0 below
+    -87.3 (exp(_NEG) is exactly 0)."""
+    n = x.type.count
+    vt = _vty(n, True)
+
+    def c(v):
+        return ir.Constant(vt, [float(np.float32(v))] * n)
+
+    xc = _min_ir(builder, _max_ir(builder, x, c(_EXP_LO)), c(_EXP_HI))
+    fx = _fintrinsic(builder, "floor", [fma_ir(builder, xc, c(1.44269504088896341), c(0.5))])
+    r = fma_ir(builder, fx, c(-0.693359375), xc)
+    r = fma_ir(builder, fx, c(2.12194440e-4), r)
+    y = c(_EXP_POLY[0])
+    for k in _EXP_POLY[1:]:
+        y = fma_ir(builder, y, r, c(k))
+    y = fma_ir(builder, y, builder.fmul(r, r), builder.fadd(r, c(1.0)))
+    e = builder.shl(builder.add(builder.fptosi(fx, _vty(n)), ir.Constant(_vty(n), [127] * n)),
+                    ir.Constant(_vty(n), [23] * n))
+    y = builder.fmul(y, builder.bitcast(e, vt))
+    return builder.select(builder.fcmp_ordered("<", x, c(_EXP_LO)), ir.Constant(vt, None), y)
+
+
+@intrinsic
+def vexp(typingctx, a):
+    """Lane-wise e**a of a float vector (``exp_ir``)."""
+    if not _float_vec(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return exp_ir(builder, args[0])
+
+    return a(a), codegen

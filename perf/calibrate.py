@@ -37,7 +37,8 @@ from llcinfer.executor.graph import handoff_ns  # noqa: E402
 from llcinfer.kernels.jit import set_threads  # noqa: E402
 from llcinfer.planner import detect_machine  # noqa: E402
 from llcinfer.kernels.jit import kernel  # noqa: E402
-from llcinfer.kernels.vnni_matmul import _group, vnni_matmul  # noqa: E402
+from llcinfer.kernels.simd import addr, vtag  # noqa: E402
+from llcinfer.kernels.vnni_matmul import group_rows, vnni_matmul  # noqa: E402
 from llcinfer.planner.bandwidth import Rates  # noqa: E402
 from llcinfer.planner.cost import Calibration  # noqa: E402
 
@@ -96,8 +97,10 @@ def _qwen_gate():
 @kernel
 def _serial_matmul(xq, xd, xs, w, qt, y, tag):
     """vnni_matmul on the calling thread (no pool launch in the timing)."""
+    M, K = xq.shape
+    vt = vtag(tag)
     for g in range(w.shape[0]):
-        _group(qt, w[g], g, xq, xd, xs, y, tag)
+        group_rows(qt, addr(w) + g * w.strides[0], g, addr(xq), addr(xd), addr(xs), M, K, addr(y), y.shape[1], vt)
 
 
 def matmul_calibration(threads: int) -> dict:

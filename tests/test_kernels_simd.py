@@ -95,10 +95,10 @@ def test_repack_round_trip(qtype, W):
 
 def test_block_bytes_agree_with_repack():
     from llcinfer.kernels.repack import BLOCK_BYTES_PER_ROW
-    from llcinfer.kernels.vnni_matmul import _block_bytes
+    from llcinfer.kernels.vnni_blocks import block_bytes
 
     for qt, nbytes in BLOCK_BYTES_PER_ROW.items():
-        assert _block_bytes(qt) == nbytes
+        assert block_bytes(qt) == nbytes
 
 
 @pytest.mark.parametrize("kind,B", [(ACT_Q8_0, 32), (ACT_Q8_K, 256)])

@@ -17,6 +17,7 @@ from llcinfer.gguf_file import GGUFFile
 from llcinfer.kernels import Linear
 from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels import repack as rp
+from llcinfer.kernels import page_cache
 from llcinfer.kernels import repack_cache as rc
 from llcinfer.kernels.simd import lanes
 from llcinfer.model import Transformer
@@ -144,7 +145,7 @@ def _append(p):
 def _bad_offset(p):
     """A header that checks out (crc recomputed) with a tensor off its 64-byte boundary."""
     with open(p, "rb") as fh:
-        magic, n, _ = rc._PREFIX.unpack(fh.read(rc._PREFIX.size))
+        magic, n, _ = rc.PREFIX.unpack(fh.read(rc.PREFIX.size))
         head = json.loads(fh.read(n))
         rest = fh.read()
     head["tensors"][0]["offset"] += 1  # not on a 64-byte boundary
@@ -152,7 +153,7 @@ def _bad_offset(p):
     assert len(body) <= n
     body = body.ljust(n)
     with open(p, "wb") as fh:
-        fh.write(rc._PREFIX.pack(magic, n, zlib.crc32(body)) + body + rest)
+        fh.write(rc.PREFIX.pack(magic, n, zlib.crc32(body)) + body + rest)
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip_header_byte, _garbage, _empty, _append, _bad_offset])
@@ -177,7 +178,7 @@ def test_version_bump_invalidates(models, cache, monkeypatch):
     packed_all(path, isa)
     assert rc.STATS["built"] == 1
     with open(only_file(cache), "rb") as fh:
-        assert rc._parse_header(fh, os.path.getsize(only_file(cache)))["format"] == rp.FORMAT_VERSION
+        assert rc.parse_header(fh, os.path.getsize(only_file(cache)))["format"] == rp.FORMAT_VERSION
     packed_all(path, isa)
     assert rc.STATS["built"] == 0
 
@@ -289,8 +290,8 @@ def test_model_output_identical_with_and_without_cache(models, cache, monkeypatc
 
 def test_page_runs():
     f = np.array([1, 1, 0, 1, 0, 0, 1], bool)
-    assert rc._runs(f, 4096, 7 * 4096 - 100) == [(0, 8192), (12288, 16384), (24576, 7 * 4096 - 100)]
-    assert rc._runs(np.zeros(3, bool), 4096, 3 * 4096) == []
+    assert page_cache.page_runs(f, 4096, 7 * 4096 - 100) == [(0, 8192), (12288, 16384), (24576, 7 * 4096 - 100)]
+    assert page_cache.page_runs(np.zeros(3, bool), 4096, 3 * 4096) == []
 
 
 def test_evicted_file_is_read_back(models, cache, monkeypatch):
@@ -308,12 +309,12 @@ def test_evicted_file_is_read_back(models, cache, monkeypatch):
         os.close(fd)
     rc.clear()
     pack = rc._Pack.open(str(f), rc._identity(str(path), os.stat(path)), lanes(isa))
-    missing = rc._missing(pack.data)
+    missing = page_cache.missing_ranges(pack.data)
     if not missing:
         pytest.skip("this file system keeps the file in memory")
     assert all(0 <= a < b <= pack.data.size for a, b in missing)
-    rc._read_ranges(str(f), missing)
-    assert rc._missing(pack.data) == []
+    page_cache.read_ranges(str(f), missing)
+    assert page_cache.missing_ranges(pack.data) == []
 
 
 def test_background_load_and_hugepages_off(models, cache, monkeypatch):

@@ -9,7 +9,7 @@ Q4_0 -8, Q5_0 -16, Q4_1 0).  The float steps are those of vnni_matmul.py, in the
 order, so both paths give the same bits.
 
 Types on AMX: Q8_0 (B tiles loaded straight from the packed weights), Q4_0, Q4_1, Q5_0
-(each block decoded once to 512 bytes by vnni_matmul._dec32, then used by every row tile).
+(each block decoded once to 512 bytes by vnni_blocks.dec32, then used by every row tile).
 Q4_K and Q6_K stay on the VNNI kernels: their 16/32-value sub-block scales would need a
 tile product per sub-block plus integer rescaling.
 
@@ -32,7 +32,8 @@ from .jit import kernel, parallel_kernel
 from .repack import Q4_0, Q4_1, Q5_0, Q8_0
 from .simd import addr, ldf, ldi, lanes, make_tag, vload, vload_f16, vloadf, vsplat, vstoref, vtag
 from .simd_math import vadd, vcvt, vfma, vmul
-from .vnni_matmul import _block_bytes, _dec32, _put
+from .vnni_blocks import block_bytes, dec32
+from .vnni_matmul import _put
 
 AMX_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0)
 MIN_ROWS = 16
@@ -58,7 +59,7 @@ def _group(qt, wp, g, xq, xd, xs, y, tag_array, mode, cfg):
     M = y.shape[0]
     Mp, K = xq.shape
     nb = K // 32
-    bs = _block_bytes(qt) * W
+    bs = block_bytes(qt) * W
     bias = _bias(qt)
     n0 = g * W
     nv = min(W, y.shape[1] - n0)
@@ -72,7 +73,7 @@ def _group(qt, wp, g, xq, xd, xs, y, tag_array, mode, cfg):
         if qt == Q8_0:
             bp = wa + o + 2 * W
         else:
-            qs = _dec32(qt, wa, o, tag)
+            qs = dec32(qt, wa, o, tag)
             bp = addr(bbuf)
             for j in range(8):
                 vstore_at(bp, 64 * j, qs[j])

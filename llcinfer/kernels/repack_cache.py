@@ -27,7 +27,7 @@ while the rest of the start goes on (numba, tokenizer); ``wait_loaded()`` waits 
 (``Linear.prepare()`` calls it unless given ``wait=False``, as the executor does, which
 waits before its first step).  With
 ``LLCINFER_HUGEPAGES=0`` the file is mapped read-only instead, and the pages not in the
-page cache are read in on a background thread (``_prefetch``).  Files smaller than
+page cache are read in on a background thread (``prefetch_missing``).  Files smaller than
 ``MIN_FILE_SIZE`` (test models) are repacked in memory.
 
 ``LLCINFER_REPACK_CACHE``: ``0`` turns the cache off; a path puts it in that directory
@@ -41,13 +41,10 @@ numba type (a writable and a read-only array would be two compiled specializatio
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import json
 import mmap
 import os
 import shutil
-import struct
 import threading
 import time
 import zlib
@@ -59,14 +56,11 @@ from ..catalog import llcinfer_home
 from ..errors import ModelFileError
 from ..gguf_file import INDEX_MIN_FILE_SIZE
 from . import repack as _rp
+from .page_cache import PREFETCH_CHUNK, prefetch_missing
+from .repack_file import ALIGN, CONTAINER_VERSION, MAGIC, PREFIX, align_up, entry_ok, parse_header, settle_header
 
-CONTAINER_VERSION = 1
-MAGIC = b"LLCREPAK"
-_PREFIX = struct.Struct("<8sII")  # magic, header length, crc32(header)
-ALIGN = 64  # every tensor starts on a cache line (the kernels' vector loads)
 MIN_FILE_SIZE = INDEX_MIN_FILE_SIZE  # smaller GGUFs repack in milliseconds: not cached
 MIN_FREE_BYTES = 1 << 30  # leave at least this much free on the cache's disk
-_MAX_HEADER = 64 << 20
 
 _lock = threading.Lock()
 # (file, GGUF identity, W, layout version) -> the open pack; None: not writable, in memory
@@ -230,13 +224,13 @@ class _Pack:
         try:
             with open(slot, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                head = _parse_header(fh, size)
+                head = parse_header(fh, size)
                 if (head is None or head.get("container") != CONTAINER_VERSION
                         or head.get("format") != _rp.FORMAT_VERSION or head.get("lanes") != W
                         or head.get("source") != ident or head.get("file_size") != size):
                     return None
                 entries = {e["name"]: e for e in head["tensors"]}
-                if not all(_entry_ok(e, W, head["data_start"], size) for e in entries.values()):
+                if not all(entry_ok(e, W, head["data_start"], size) for e in entries.values()):
                     return None
                 if huge:  # read by _load_in_background from this very file (a rebuild may replace the path)
                     mm = hugepages.anonymous(size)
@@ -251,7 +245,7 @@ class _Pack:
         if huge:
             pack._load_in_background(fd)
         else:
-            _prefetch(pack)
+            prefetch_missing(pack.slot, pack.data)
         return pack
 
     def get(self, name: str, qtype: int, N: int, K: int) -> np.ndarray | None:
@@ -264,88 +258,6 @@ class _Pack:
         a = self.data[e["offset"]:e["offset"] + G * B].reshape(G, B)
         assert a.flags.c_contiguous and a.ctypes.data % ALIGN == 0
         return _readonly(a)
-
-
-def _parse_header(fh, size: int) -> dict | None:
-    raw = fh.read(_PREFIX.size)
-    if len(raw) != _PREFIX.size:
-        return None
-    magic, n, crc = _PREFIX.unpack(raw)
-    if magic != MAGIC or n > min(size, _MAX_HEADER):
-        return None
-    body = fh.read(n)
-    if len(body) != n or zlib.crc32(body) != crc:
-        return None
-    head = json.loads(body)
-    head["data_start"] = _align(_PREFIX.size + n)
-    return head
-
-
-def _entry_ok(e: dict, W: int, data_start: int, size: int) -> bool:
-    G, B = e["shape"]
-    return (e["qtype"] in _rp.SUPPORTED and [G, B] == list(_rp.packed_shape(e["qtype"], e["rows"], e["cols"], W))
-            and e["offset"] % ALIGN == 0 and data_start <= e["offset"] and e["offset"] + G * B <= size)
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-# ------------------------------------------------------------------------- page cache
-PREFETCH_CHUNK = 8 << 20
-
-
-def _prefetch(pack: _Pack) -> None:
-    """Read the parts of the file that are not in the page cache, in order, on a background
-    thread.  Without it the first forward pass faults them in 64 KiB at a time: 5.2 s for
-    the 1.5B's 950 MB after the kernel dropped the file from the cache (this VM reclaims
-    idle page cache), against 2.0 s for one sequential read, which here overlaps with the
-    rest of the start (numba, tokenizer)."""
-    ranges = _missing(pack.data)
-    if ranges:
-        threading.Thread(target=_read_ranges, args=(pack.slot, ranges), name="llcinfer-prefetch",
-                         daemon=True).start()
-
-
-def _missing(data: np.ndarray) -> list[tuple[int, int]]:
-    """[(start, end)] byte ranges of the mapping ``data`` not in the page cache (mincore);
-    [] when that cannot be told."""
-    page = mmap.PAGESIZE
-    n = -(-data.size // page)
-    vec = (ctypes.c_ubyte * n)()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mincore(ctypes.c_void_p(data.ctypes.data), ctypes.c_size_t(data.size), vec) != 0:
-            return []
-    except (OSError, AttributeError):  # pragma: no cover - no mincore on this platform
-        return []
-    return _runs((np.frombuffer(vec, np.uint8) & 1) == 0, page, data.size)
-
-
-def _runs(missing: np.ndarray, page: int, size: int) -> list[tuple[int, int]]:
-    """[(start, end)] byte ranges of the runs of True in ``missing`` (one flag per page)."""
-    idx = np.flatnonzero(missing)
-    if idx.size == 0:
-        return []
-    cut = np.flatnonzero(np.diff(idx) > 1)
-    starts = np.concatenate([idx[:1], idx[cut + 1]])
-    ends = np.concatenate([idx[cut], idx[-1:]]) + 1
-    return [(int(a) * page, min(int(b) * page, size)) for a, b in zip(starts, ends)]
-
-
-def _read_ranges(path: str, ranges) -> None:
-    buf = bytearray(PREFETCH_CHUNK)
-    try:
-        with open(path, "rb", buffering=0) as fh:
-            for a, b in ranges:
-                fh.seek(a)
-                while a < b:
-                    n = fh.readinto(memoryview(buf)[:min(PREFETCH_CHUNK, b - a)])
-                    if not n:
-                        return
-                    a += n
-    except OSError:  # only a hint: the mapping reads the file anyway
-        pass
 
 
 # --------------------------------------------------------------------------- building
@@ -381,10 +293,10 @@ def _build(slot: str, ident: dict, W: int, path: str, names, old: _Pack | None =
         q, (N, K) = int(t.qtype), t.shape
         shape = _rp.packed_shape(q, N, K, W)
         entries.append({"name": n, "qtype": q, "rows": N, "cols": K, "shape": list(shape), "offset": rel})
-        rel = _align(rel + shape[0] * shape[1])
+        rel = align_up(rel + shape[0] * shape[1])
     head = {"container": CONTAINER_VERSION, "format": _rp.FORMAT_VERSION, "lanes": W, "source": ident,
             "file_size": 0, "tensors": entries}
-    body = _settle_header(head, rel)
+    body = settle_header(head, rel)
     directory = os.path.dirname(slot)
     tmp = f"{slot}.{os.getpid()}.tmp"
     try:
@@ -392,7 +304,7 @@ def _build(slot: str, ident: dict, W: int, path: str, names, old: _Pack | None =
         if _free_bytes(directory) < head["file_size"] + MIN_FREE_BYTES:
             return None
         with open(tmp, "wb") as fh:
-            fh.write(_PREFIX.pack(MAGIC, len(body), zlib.crc32(body)) + body)
+            fh.write(PREFIX.pack(MAGIC, len(body), zlib.crc32(body)) + body)
             for e in entries:
                 fh.write(bytes(e["offset"] - fh.tell()))
                 fh.write(_packed_bytes(tensors[e["name"]], e, W, old))
@@ -410,20 +322,6 @@ def _build(slot: str, ident: dict, W: int, path: str, names, old: _Pack | None =
     STATS["built"] += pack is not None
     STATS["build_seconds"] += time.perf_counter() - t0
     return pack
-
-
-def _settle_header(head: dict, data_bytes: int) -> bytes:
-    """The header's bytes, with absolute offsets and file size: the data starts after the
-    header, whose length depends on those numbers, so repeat until the start stays put."""
-    start, rel = _align(_PREFIX.size), [e["offset"] for e in head["tensors"]]
-    while True:
-        for e, r in zip(head["tensors"], rel):
-            e["offset"] = start + r
-        head["file_size"] = start + data_bytes
-        body = json.dumps(head, separators=(",", ":")).encode()
-        if _align(_PREFIX.size + len(body)) == start:
-            return body
-        start = _align(_PREFIX.size + len(body))  # only grows, so this ends
 
 
 def _packed_bytes(t, e: dict, W: int, old: _Pack | None) -> np.ndarray:

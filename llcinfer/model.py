@@ -18,6 +18,7 @@ from .architectures.base import ModelConfig, ModelWeights
 from .gguf_file import GGUFFile
 from .kv import DEFAULT_BLOCK_SIZE, KVPool, PagedSequence, PrefixCache, new_pool
 from .kernels.paged_attention import attention_tag
+from .kernels.repack_cache import wait_loaded
 from .kv_cache import KVCache
 
 
@@ -48,6 +49,15 @@ class Transformer:
         # vector exp in SwiGLU (as llama.cpp's own SIMD expf) with llama_rounding; libm's otherwise
         self.tag = attention_tag() if self.llama_rounding else None
         self.executor = None  # DecodeExecutor for one-token steps (use_executor), else the simple path
+        self._weights_settled = False  # the repacked weights are on 2 MiB pages (repack_cache)
+
+    def settle_weights(self) -> None:
+        """Called by the engine at each decode step after the first token: lets the repacked
+        weights move onto 2 MiB pages in the background (repack_cache.wait_loaded), until
+        they have; raises ModelFileError if their file went bad.  Not at load (warm_up) nor
+        before the first token, whose compute would share the CPUs with the copy."""
+        if not self._weights_settled:
+            self._weights_settled = wait_loaded(block=False)
 
     def use_executor(self, domains=None) -> str | None:
         """Run decode steps on the dependency-driven executor with ``domains`` (None: stop

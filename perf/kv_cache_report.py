@@ -30,6 +30,7 @@ import psutil
 
 from llcinfer import LLM
 from llcinfer.engine import Engine
+from llcinfer.kernels.repack_cache import wait_loaded
 from llcinfer.sampling import SamplingParams
 
 MiB = 2**20
@@ -220,6 +221,7 @@ def main() -> None:
     ap.add_argument("--out", default="perf/results/kv_cache_report.json")
     args = ap.parse_args()
     llm = LLM(args.model, threads=args.threads, n_ctx=8192 + 64, progress=False)
+    wait_loaded()  # weights on 2 MiB pages before timing
     out = {"model": args.model, "threads": args.threads, "block_size": llm.engine.pool.block_size}
     sections = args.sections.split(",")
     for s in sections:

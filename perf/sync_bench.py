@@ -57,8 +57,10 @@ def regions_per_token(model_name: str, threads: int) -> dict:
     import llcinfer.kernels as K
     import llcinfer.kernels.paged_attention as PA
     from llcinfer.api import LLM
+    from llcinfer.kernels.repack_cache import wait_loaded
 
     llm = LLM(model_name, threads=threads, n_ctx=512, progress=False)
+    wait_loaded()  # weights on 2 MiB pages before timing
     model, cache = llm.model, llm.engine.cache
     count = [0]
 

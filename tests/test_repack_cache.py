@@ -8,11 +8,15 @@ import errno
 import functools
 import json
 import os
+import re
+import threading
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from llcinfer import file_pages
 from llcinfer.gguf_file import GGUFFile
 from llcinfer.kernels import Linear
 from llcinfer.kernels import isa as isa_mod
@@ -67,6 +71,7 @@ def packed_all(path, isa) -> dict[str, np.ndarray]:
     for n, t in f.tensors.items():
         if len(t.shape) == 2 and int(t.qtype) in rp.SUPPORTED and (n != "token_embd.weight" or tied):
             out[n] = Linear(t, isa=isa).prepare()
+    rc.wait_loaded()  # the file is at rest (moved to 2 MiB pages) before a test damages it
     return out
 
 
@@ -254,12 +259,14 @@ def test_read_only_directory_falls_back(models, tmp_path, monkeypatch):
 
 def test_matrix_missing_from_the_file_is_added(models, cache):
     """An untied model's embedding is not in the file (only a row lookup); a caller that
-    repacks it anyway gets it added, the other matrices copied over."""
+    repacks it anyway gets it added, the other matrices copied over (from the open pack's
+    map, whose move to 2 MiB pages has not started: no wait on it)."""
     path, isa = models("Q8_0", tied=False), ISAS[0]
     packed_all(path, isa)
+    rc.clear()  # a new process: the pack the next call opens is queued to move, not moving
     f = GGUFFile(path)
     emb = Linear(f.tensor("token_embd.weight"), isa=isa).prepare()
-    assert rc.STATS["built"] == 2
+    assert rc.STATS["built"] == 1
     assert_same({"token_embd.weight": emb}, fresh(path, isa))
     rc.clear()
     assert_same({"token_embd.weight": Linear(GGUFFile(path).tensor("token_embd.weight"), isa=isa).prepare()},
@@ -317,22 +324,99 @@ def test_evicted_file_is_read_back(models, cache, monkeypatch):
     assert page_cache.missing_ranges(pack.data) == []
 
 
-def test_background_load_and_hugepages_off(models, cache, monkeypatch):
-    """A cached file is read into anonymous (huge-page) memory on a thread: an array taken
-    with wait=False holds the file's bytes once wait_loaded() returns; with
-    LLCINFER_HUGEPAGES=0 the file is mapped instead; both equal a fresh repack."""
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at ``address`` ('' for anonymous memory), from /proc/self/smaps."""
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
+        head = block.split("\n")[0].split(None, 5)
+        lo, hi = (int(v, 16) for v in head[0].split("-"))
+        if lo <= address < hi:
+            return head[5].strip() if len(head) > 5 else ""
+    return None
+
+
+def test_mapped_at_once_then_moved_to_huge_pages(models, cache, monkeypatch):
+    """A cached file is readable at once (its map) while a thread moves it onto 2 MiB pages
+    at the same address; with LLCINFER_HUGEPAGES=0 the map stays; all equal a fresh repack."""
     path, isa = models("Q4_K"), ISAS[0]
     want = fresh(path, isa)
     packed_all(path, isa)  # build the file
     rc.clear()
     f = GGUFFile(path)
-    early = {n: Linear(f.tensor(n), isa=isa).prepare(wait=False) for n in want}
-    rc.wait_loaded()
-    assert not rc._loading
+    early = {n: Linear(f.tensor(n), isa=isa).prepare() for n in want}
+    assert_same(early, want)  # whether or not the move has happened yet
+    addresses = {n: a.ctypes.data for n, a in early.items()}
+    assert rc.wait_loaded() and not rc._loading
     assert_same(early, want)
+    assert {n: a.ctypes.data for n, a in early.items()} == addresses
+    pack = next(p for p in rc._packs.values() if p is not None)
+    assert pack.data.ctypes.data % file_pages.HUGE_PAGE == 0
+    assert rc.STATS["promoted"] == file_pages.supported()
+    assert _mapped_file(pack.data.ctypes.data) == ("" if file_pages.supported() else pack.slot)
     monkeypatch.setenv("LLCINFER_HUGEPAGES", "0")
     assert_same(packed_all(path, isa), want)
     assert rc.STATS["mapped"] > 0 and rc.STATS["built"] == 0
+
+
+def test_engine_moves_the_weights_after_the_first_token(models, cache):
+    """Loading and the first token run on the file's map; the engine's first decode step
+    starts the move (a thread), and later steps see it finish; output unchanged."""
+    from llcinfer.engine import Engine
+    from llcinfer.sampling import SamplingParams
+    from llcinfer.tokenizer import Tokenizer
+
+    path = models("Q4_K")
+    packed_all(path, ISAS[0])  # build the file
+    rc.clear()
+    gguf = GGUFFile(path)
+    model = Transformer(gguf)
+    model.warm_up()
+    eng = Engine(model, Tokenizer.from_metadata(gguf.metadata), n_ctx=64, n_batch=8)
+    queued = [p for p in rc._loading if p._move_fd is not None]
+    assert len(queued) == int(file_pages.supported())  # opened, not moving
+    first = list(eng.generate_ids([1, 5, 9], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)))
+    assert all(p._move_fd is not None for p in queued)  # the first token did not start it
+    eng.reset()
+    ids = list(eng.generate_ids([1, 5, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)))
+    assert all(p._move_fd is None for p in queued)  # a decode step did
+    assert rc.wait_loaded() and ids[:1] == first
+    eng.reset()
+    assert list(eng.generate_ids([1, 5, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))) == ids
+
+
+def test_move_reads_consistent_bytes_while_kernels_read(tmp_path):
+    """file_pages: a reader of the view during the move sees the file's bytes throughout."""
+    size = 3 * file_pages.HUGE_PAGE + 12345
+    data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    f = tmp_path / "blob.bin"
+    f.write_bytes(data.tobytes())
+    with open(f, "rb") as fh:
+        view = file_pages.map_file(fh.fileno(), size)
+        assert view.ctypes.data % file_pages.HUGE_PAGE == 0 and not view.flags.writeable
+        np.testing.assert_array_equal(view, data)
+        assert _mapped_file(view.ctypes.data) == str(f)
+        sums, stop = [], threading.Event()
+
+        def reader():
+            while not stop.is_set():
+                sums.append(int(view[::997].sum()))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            moved = file_pages.promote(view, fh.fileno())
+        finally:
+            stop.set()
+            t.join()
+    assert moved is file_pages.supported()
+    assert _mapped_file(view.ctypes.data) == ("" if moved else str(f))  # same address, anonymous now
+    assert set(sums) <= {int(data[::997].sum())}
+    np.testing.assert_array_equal(view, data)
+    with open(f, "r+b") as fh:  # a file cut short is an OSError, and the map is left alone
+        fh.truncate(size // 2)
+        view2 = file_pages.map_file(fh.fileno(), size // 2)
+        with pytest.raises(OSError, match="file ends"):
+            file_pages.promote(file_pages.map_file(fh.fileno(), size), fh.fileno())
+        np.testing.assert_array_equal(view2, data[:size // 2])
 
 
 def test_file_cut_while_loading_is_a_clear_error(models, cache):
@@ -343,7 +427,7 @@ def test_file_cut_while_loading_is_a_clear_error(models, cache):
     with open(pack.slot, "r+b") as fh:  # the file shrinks after the header was checked
         fh.truncate(os.path.getsize(pack.slot) // 2)
     pack.loaded.clear()
-    pack._load(os.open(pack.slot, os.O_RDONLY))
+    pack._promote(os.open(pack.slot, os.O_RDONLY))
     with pytest.raises(rc.ModelFileError, match="cannot read the repacked weights"):
         pack.wait()
 

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ..executor import DecodeExecutor, Domains
+from ..kernels.repack_cache import wait_loaded
 from ..kv import PagedSequence
 
 
@@ -32,6 +33,7 @@ def measure_tpot(model, domains: Domains, ctx: int, concurrency: int, n_tokens: 
             s.n_tokens = ctx
         toks = rng.integers(0, model.config.vocab_size, concurrency).tolist()
         ex.step(seqs, toks)  # warm: compile, first touch of the new blocks
+        wait_loaded()  # and the weights on 2 MiB pages: the steady state
         per_rep = []
         for _ in range(reps):
             for s in seqs:

@@ -17,7 +17,6 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
 from ..kernels.paged_attention import n_splits_for
-from ..kernels.repack_cache import wait_loaded
 from ..kernels.simd import lanes, make_tag
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
@@ -81,8 +80,7 @@ class DecodeExecutor:
         self.isa = lins[0][0].isa
         self.tag = make_tag(self.isa)
         flat = [lin for group in lins for lin in group]
-        self.mats = [lin.prepare(wait=False) for lin in flat]  # [n_mats] packed [groups, bytes]; kept alive here
-        self._weights_loaded = False
+        self.mats = [lin.prepare() for lin in flat]  # [n_mats] packed [groups, bytes]; kept alive here
         if not all(p.flags.c_contiguous for p in self.mats):
             raise UnsupportedModelError("executor: packed weights are not contiguous")
         # [n_mats, 5] columns M_ADDR, M_GROUPS (of lanes rows), M_STRIDE (bytes per group), M_QT, M_KIND
@@ -250,9 +248,6 @@ class DecodeExecutor:
             pos[i] = s.n_tokens
             id_buf[i] = ids[i]
             tables[i, :s.n_blocks] = s.table[:s.n_blocks]
-        if not self._weights_loaded:  # the repacked weights may still be streaming in
-            wait_loaded()
-            self._weights_loaded = True
         self.last_program = job["prog"]
         b = job["buffers"]
         self._embed(id_buf, b["x"], pos, b["rope_cs"], b["counters"])

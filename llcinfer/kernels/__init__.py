@@ -23,7 +23,6 @@ from .norm import rms_norm
 from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
 from .repack import SUPPORTED as _REPACK_TYPES
 from .repack_cache import packed as _packed_weights
-from .repack_cache import wait_loaded
 from .dequant import quant_get_rows
 from .rope import rope_inplace
 from .simd import lanes, make_tag
@@ -92,18 +91,14 @@ class Linear:
         """True when llama_rounding products run on the integer SIMD kernels."""
         return self._kind == "quant" and self._simd
 
-    def prepare(self, wait: bool = True) -> np.ndarray | None:
+    def prepare(self) -> np.ndarray | None:
         """Repack the weights for the SIMD path (once); returns the packed array (read-only)
         or None.  Weights of a GGUF file come from the on-disk cache of repack_cache.py,
-        which reads the file into memory on a background thread: ``wait=False`` returns the
-        array before its bytes are in (for callers that only take its address now and call
-        ``repack_cache.wait_loaded()`` before a kernel reads it)."""
+        readable at once (a background thread moves them onto 2 MiB pages in place)."""
         if not self.simd:
             return None
         if self._packed is None:
             self._packed = _packed_weights(self._w, self.name, int(self.qtype), self.cols, lanes(self.isa))
-        if wait:
-            wait_loaded()
         return self._packed
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None, llama_rounding: bool = False) -> np.ndarray:

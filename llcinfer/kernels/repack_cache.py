@@ -21,13 +21,13 @@ The first ``packed()`` of a model with no valid file repacks every matrix of the
 at once (``_candidates``: what the forward pass repacks) and writes the file atomically
 (a temporary file, fsync, os.replace); later calls and processes open it and return
 views: C-contiguous uint8 [groups, bytes] starting on 64-byte boundaries.  The file is
-read into anonymous memory on 2 MiB pages (llcinfer/hugepages.py: the weights stream
-about 5-10 % faster than from the file's 4 KiB page-cache pages) by a background thread
-while the rest of the start goes on (numba, tokenizer); ``wait_loaded()`` waits for it
-(``Linear.prepare()`` calls it unless given ``wait=False``, as the executor does, which
-waits before its first step).  With
-``LLCINFER_HUGEPAGES=0`` the file is mapped read-only instead, and the pages not in the
-page cache are read in on a background thread (``prefetch_missing``).  Files smaller than
+mapped at once; from the first decode step on, a background thread moves it onto 2 MiB
+pages at the same address (llcinfer/file_pages.py; the weights stream about 5-10 % faster
+from those than from the page cache's 4 KiB pages), so the first token neither waits for
+that copy nor shares the CPUs with it; ``wait_loaded()`` starts it and waits (a benchmark
+does, to measure the steady state).  With ``LLCINFER_HUGEPAGES=0`` the mapping stays.
+Either way the pages not in the page cache are read in on a background thread at once
+(``prefetch_missing``).  Files smaller than
 ``MIN_FILE_SIZE`` (test models) are repacked in memory.
 
 ``LLCINFER_REPACK_CACHE``: ``0`` turns the cache off; a path puts it in that directory
@@ -42,7 +42,6 @@ numba type (a writable and a read-only array would be two compiled specializatio
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import shutil
 import threading
@@ -51,12 +50,12 @@ import zlib
 
 import numpy as np
 
-from .. import hugepages
+from .. import file_pages, hugepages
 from ..catalog import llcinfer_home
 from ..errors import ModelFileError
 from ..gguf_file import INDEX_MIN_FILE_SIZE
 from . import repack as _rp
-from .page_cache import PREFETCH_CHUNK, prefetch_missing
+from .page_cache import prefetch_missing
 from .repack_file import ALIGN, CONTAINER_VERSION, MAGIC, PREFIX, align_up, entry_ok, parse_header, settle_header
 
 MIN_FILE_SIZE = INDEX_MIN_FILE_SIZE  # smaller GGUFs repack in milliseconds: not cached
@@ -65,8 +64,8 @@ MIN_FREE_BYTES = 1 << 30  # leave at least this much free on the cache's disk
 _lock = threading.Lock()
 # (file, GGUF identity, W, layout version) -> the open pack; None: not writable, in memory
 _packs: dict[tuple, "_Pack | None"] = {}
-_loading: list["_Pack"] = []  # packs whose file is still being read into memory
-STATS = {"mapped": 0, "built": 0, "in_memory": 0, "build_seconds": 0.0, "map_seconds": 0.0}
+_loading: list["_Pack"] = []  # packs whose map has yet to move onto 2 MiB pages
+STATS = {"mapped": 0, "built": 0, "in_memory": 0, "promoted": 0, "build_seconds": 0.0, "map_seconds": 0.0}
 
 
 def cache_dir() -> str | None:
@@ -84,13 +83,13 @@ def clear() -> None:
     wait_loaded()
     with _lock:
         _packs.clear()
-        STATS.update(mapped=0, built=0, in_memory=0, build_seconds=0.0, map_seconds=0.0)
+        STATS.update(mapped=0, built=0, in_memory=0, promoted=0, build_seconds=0.0, map_seconds=0.0)
 
 
 def packed(w: np.ndarray, name: str, qtype: int, K: int, W: int) -> np.ndarray:
     """``repack(w, qtype, K, W)``, read-only; from the disk cache when ``w`` is a tensor
     ``name`` of a GGUF file's memory map (``GGUFFile``) and the cache is on.  A cached
-    array may still be filling: ``wait_loaded()`` before reading it."""
+    array is readable at once (``wait_loaded``: its pages may still be moving)."""
     pack = _pack_for(w, W)
     if pack is not None:
         a = pack.get(name, qtype, w.shape[0], K)
@@ -104,15 +103,25 @@ def packed(w: np.ndarray, name: str, qtype: int, K: int, W: int) -> np.ndarray:
     return _readonly(_rp.repack(w, qtype, K, W))
 
 
-def wait_loaded() -> None:
-    """Block until every opened cache file is in memory (at once when it is: the check is
-    one list test).  Raises ModelFileError when a file could not be read."""
+def wait_loaded(block: bool = True) -> bool:
+    """Move every opened cache file onto 2 MiB pages (a thread per file, started by the
+    first call) and wait for that; True when none is still moving (``block=False`` only
+    starts them and looks: one list test once all are done).  The arrays are readable
+    before (they map the file meanwhile): the decode step calls this without blocking, so
+    the first token does not wait and does not share the CPUs with the copy's page faults;
+    a benchmark blocks, to measure the steady state.  Raises ModelFileError when a file
+    could not be read."""
+    for pack in list(_loading):
+        pack.start_moving()
     while _loading:
         pack = _loading[0]
+        if not block and not pack.loaded.is_set():
+            return False
         pack.wait()
         with _lock:
             if _loading and _loading[0] is pack:
                 _loading.pop(0)
+    return True
 
 
 # ------------------------------------------------------------------------------ lookup
@@ -183,43 +192,46 @@ class _Pack:
         self.entries = entries  # name -> header entry
         self.data = data  # [file size] uint8 (the kernels see read-only views)
         self.refused: set[str] = set()  # names a rebuild could not add
-        self.loaded = threading.Event()  # set once data holds the whole file
+        self.loaded = threading.Event()  # set once data is on 2 MiB pages (or stays the map)
         self.load_error: str | None = None
         self.loaded.set()
+        self._move_fd: int | None = None  # the open file, until a thread moves data
+        self._move_lock = threading.Lock()  # one thread takes the file
 
     def wait(self) -> None:
+        self.start_moving()
         self.loaded.wait()
         if self.load_error:
             raise ModelFileError(f"cannot read the repacked weights {self.slot}: {self.load_error}")
 
-    def _load_in_background(self, fd: int) -> None:
-        """Read the open file ``fd`` into ``data`` (anonymous memory) on a thread, which
-        closes it; ``wait`` joins."""
+    def _promote_later(self, fd: int) -> None:
+        """Queue ``data`` (a map of the open file ``fd``) to move onto 2 MiB pages; the move
+        starts in ``start_moving``."""
         self.loaded.clear()
+        self._move_fd = fd
         _loading.append(self)
-        threading.Thread(target=self._load, args=(fd,), name="llcinfer-load-weights", daemon=True).start()
 
-    def _load(self, fd: int) -> None:
-        view = memoryview(self.data)
+    def start_moving(self) -> None:
+        """Start the queued move on a thread, which closes the file (file_pages.py)."""
+        with self._move_lock:
+            fd, self._move_fd = self._move_fd, None
+        if fd is not None:
+            threading.Thread(target=self._promote, args=(fd,), name="llcinfer-move-weights", daemon=True).start()
+
+    def _promote(self, fd: int) -> None:
         try:
-            with open(fd, "rb", buffering=0, closefd=True) as fh:
-                fh.seek(0)
-                a = 0
-                while a < self.data.size:
-                    n = fh.readinto(view[a:a + PREFETCH_CHUNK])
-                    if not n:
-                        raise OSError(f"file ends at byte {a} of {self.data.size}")
-                    a += n
+            STATS["promoted"] += file_pages.promote(self.data, fd)
         except OSError as e:
             self.load_error = str(e)
         finally:
+            os.close(fd)
             self.loaded.set()
 
     @classmethod
     def open(cls, slot: str, ident: dict, W: int) -> "_Pack | None":
         """The file at ``slot`` if it is complete and made from ``ident`` with this
         layout version and W; None when missing, stale, truncated or corrupt."""
-        huge = hugepages.enabled()  # a bad LLCINFER_HUGEPAGES is the user's error, not a rebuild
+        huge = hugepages.enabled() and file_pages.supported()  # a bad setting is the user's error
         fd = None
         try:
             with open(slot, "rb") as fh:
@@ -232,20 +244,17 @@ class _Pack:
                 entries = {e["name"]: e for e in head["tensors"]}
                 if not all(entry_ok(e, W, head["data_start"], size) for e in entries.values()):
                     return None
-                if huge:  # read by _load_in_background from this very file (a rebuild may replace the path)
-                    mm = hugepages.anonymous(size)
+                data = file_pages.map_file(fh.fileno(), size)
+                if huge:  # promoted from this very file (a rebuild may replace the path)
                     fd = os.dup(fh.fileno())
-                else:
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except Exception:  # unreadable, or a header of the wrong shape: rebuild
             if fd is not None:
                 os.close(fd)
             return None
-        pack = cls(slot, ident, W, entries, np.frombuffer(mm, np.uint8))
+        pack = cls(slot, ident, W, entries, data)
+        prefetch_missing(pack.slot, pack.data)  # the first forward pass reads the map
         if huge:
-            pack._load_in_background(fd)
-        else:
-            prefetch_missing(pack.slot, pack.data)
+            pack._promote_later(fd)
         return pack
 
     def get(self, name: str, qtype: int, N: int, K: int) -> np.ndarray | None:
@@ -326,8 +335,6 @@ def _build(slot: str, ident: dict, W: int, path: str, names, old: _Pack | None =
 
 def _packed_bytes(t, e: dict, W: int, old: _Pack | None) -> np.ndarray:
     """The packed matrix of entry ``e``: copied from ``old`` when it has it, else repacked."""
-    if old is not None:
-        old.wait()
     a = None if old is None else old.get(e["name"], e["qtype"], e["rows"], e["cols"])
     return a if a is not None else _rp.repack(t.data, e["qtype"], e["cols"], W)
 

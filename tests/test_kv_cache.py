@@ -75,6 +75,9 @@ def test_commit_and_release_follow_the_tokens():
     L, KVH, D, bs = 4, 4, 64, 64
     pool, _, seq = make_seq(L, KVH, D, bs, n_blocks=4096, kv_type="f32")  # reserves 4096 blocks
     assert pool.reserved_bytes >= 1 << 30
+    from llcinfer.kernels.repack_cache import wait_loaded
+
+    wait_loaded()  # an earlier test's weights moving onto 2 MiB pages would grow the RSS meanwhile
     proc = psutil.Process()
     r0 = proc.memory_info().rss
     n = 96 * bs  # ~ 48 MiB of K/V

@@ -26,11 +26,12 @@ import os
 
 import numpy as np
 
+from .hugepages import _MAP_NORESERVE
+
 HUGE_PAGE = 2 << 20
-_MAP_FIXED = 0x10
-_MAP_NORESERVE = 0x4000
-_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
-_MADV_HUGEPAGE = 14
+_MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2  # linux/mman.h; Python's mmap has no mremap
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 _READ_CHUNK = 8 << 20
 
 

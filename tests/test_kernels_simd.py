@@ -93,6 +93,36 @@ def test_repack_round_trip(qtype, W):
         np.testing.assert_allclose(back, ref, rtol=1e-6, atol=0)
 
 
+# the bytes of one GGML block that hold quantized values (the rest: f16 scales)
+_QUANT_FIELDS = {"Q4_0": slice(2, None), "Q4_1": slice(4, None), "Q5_0": slice(2, None), "Q8_0": slice(2, None),
+                 "Q4_K": slice(4, None), "Q6_K": slice(0, 208)}
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+@pytest.mark.parametrize("fill", [0xFF, 0x7F, 0x80])
+def test_simd_matmul_extreme_values(isa, qtype, fill):
+    """Every quantized field at an extreme byte and every activation at +-127: the largest
+    partial sums the AVX2 path keeps in i16 lanes (vpmaddubsw results added before
+    vpmaddwd) must not wrap."""
+    from gguf.constants import GGMLQuantizationType as QT
+
+    from tiny_models import FakeTensor, random_quant_bytes
+
+    N, K = 17, COLS[qtype][1]
+    raw = random_quant_bytes(np.random.default_rng(fill), qtype, N, K)
+    blocks = raw.reshape(N, K // (256 if qtype in K_QUANTS else 32), -1).copy()
+    blocks[..., _QUANT_FIELDS[qtype]] = fill
+    w = blocks.reshape(N, -1)
+    w.setflags(write=False)
+    t = FakeTensor(f"w_{qtype}", QT[qtype], (N, K), w)
+    lin = Linear(t, (N, K), isa=isa)
+    x = np.ones((5, K), np.float32) * np.array([1, -1, 3, -0.5, 2], np.float32)[:, None]
+    xr = quantize_activations(x, _kind(qtype)).astype(np.float64)
+    assert np.abs(xr).max() > 0
+    _check(lin(x, llama_rounding=True), xr, _oracle(t))
+
+
 def test_block_bytes_agree_with_repack():
     from llcinfer.kernels.repack import BLOCK_BYTES_PER_ROW
     from llcinfer.kernels.vnni_blocks import block_bytes

@@ -90,6 +90,13 @@ def kernel(fn):
     return numba.njit(**_COMMON)(fn)
 
 
+def inline_kernel(fn):
+    """As ``kernel``, inlined into every caller by numba itself (``inline='always'``): for
+    the per-block helpers of the hot loops, which LLVM's inliner otherwise leaves as calls
+    when they are large (a call per block passes the vectors through the stack)."""
+    return numba.njit(inline="always", **_COMMON)(fn)
+
+
 def parallel_kernel(fn):
     """Compile ``fn`` as a numba kernel whose ``prange`` loops run on the thread pool."""
     return numba.njit(parallel=True, **_COMMON)(fn)

@@ -157,6 +157,86 @@ def vdpbusd_full(typingctx, acc, a, b, tag):
     return acc(acc, a, b, tag), codegen
 
 
+def _maddubs_ir(builder, a, b, n):
+    """vpmaddubsw: u8(a) x s8(b), adjacent pairs summed -> <2n x i16>."""
+    b8 = ir.VectorType(_I8, 4 * n)
+    w16 = ir.VectorType(_I16, 2 * n)
+    f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(w16, [b8, b8]), "llvm.x86.avx2.pmadd.ub.sw")
+    return builder.call(f, [builder.bitcast(a, b8), builder.bitcast(b, b8)])
+
+
+def _maddwd_ir(builder, p16, k, n):
+    """vpmaddwd with the constant k: i16 pairs -> k (p[2i] + p[2i+1]) as i32 lanes."""
+    w16 = ir.VectorType(_I16, 2 * n)
+    f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vty(n), [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+    return builder.call(f, [p16, ir.Constant(w16, [k] * (2 * n))])
+
+
+def _dot_ir(builder, acc, qs, xs, n, mode, bits):
+    """acc + sum over j of the per-lane dot of 4 bytes: u8(qs[j]) x s8(xs[j]); weight bytes
+    below 2**bits (bits 8: any u8).
+
+    VNNI: two interleaved vpdpbusd chains.  AVX2 has no vpdpbusd; one vpmaddubsw gives i16
+    pair sums (2 products), and vpmaddwd with ones turns i16 pairs into the i32 lane.  With
+    weights < 2**bits and |x| <= 128 a pair sum is at most 2 (2**bits - 1) 128, so
+        g = 32767 // (256 (2**bits - 1))    (8 for 4-bit, 4 for 5-bit, 2 for 6-bit weights)
+    vpmaddubsw results add up in i16 (vpaddw) without overflow before one vpmaddwd: per
+    32 values of a 4-bit type 8 + 1 multiplies instead of 8 + 8.  Full-range bytes (Q8_0 +
+    128) are split into nibbles, each side summed in i16, the high side's vpmaddwd
+    multiplying by 16 instead of shifting."""
+    if mode == "vnni":
+        z = ir.Constant(_vty(n), None)
+        chains = [acc, z]
+        for j, (q, x) in enumerate(zip(qs, xs)):
+            chains[j % 2] = _dpbusd_ir(builder, chains[j % 2], q, x, n, mode)
+        return builder.add(chains[0], chains[1]) if len(qs) > 1 else chains[0]
+    vt = _vty(n)
+    if bits == 8:
+        m = ir.Constant(vt, [0x0F0F0F0F] * n)
+        four = ir.Constant(vt, [4] * n)
+        sides = [[builder.and_(builder.lshr(q, four), m) for q in qs], [builder.and_(q, m) for q in qs]]
+        for side, k in zip(sides, (16, 1)):
+            acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, side, xs, n), k, n))
+        return acc
+    g = max(1, 32767 // (256 * ((1 << bits) - 1)))
+    for c in range(0, len(qs), g):
+        acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, qs[c:c + g], xs[c:c + g], n), 1, n))
+    return acc
+
+
+def _sum16(builder, qs, xs, n):
+    """sum of vpmaddubsw(qs[j], xs[j]) in i16 lanes (the caller bounds it), as a tree."""
+    ps = [_maddubs_ir(builder, q, x, n) for q, x in zip(qs, xs)]
+    while len(ps) > 1:
+        ps = [builder.add(ps[i], ps[i + 1]) if i + 1 < len(ps) else ps[i] for i in range(0, len(ps), 2)]
+    return ps[0]
+
+
+def _make_vdot(bits):
+    def impl(typingctx, acc, qs, xs, tag):
+        n, mode = _tag_info(tag)
+        if not (isinstance(qs, types.UniTuple) and isinstance(xs, types.UniTuple) and qs.count == xs.count):
+            return None
+
+        def codegen(context, builder, sig, args):
+            k = sig.args[1].count
+            q = [builder.extract_value(args[1], j) for j in range(k)]
+            x = [builder.extract_value(args[2], j) for j in range(k)]
+            return _dot_ir(builder, args[0], q, x, n, mode, bits)
+
+        return acc(acc, qs, xs, tag), codegen
+
+    impl.__name__ = f"vdot_u{bits}"
+    return intrinsic(impl)
+
+
+# acc + sum_j dpbusd(qs[j], xs[j]) over tuples of k-group vectors, weights below 2**bits
+vdot_u4 = _make_vdot(4)  # Q4_0, Q4_1, Q4_K nibbles
+vdot_u5 = _make_vdot(5)  # Q5_0
+vdot_u6 = _make_vdot(6)  # Q6_K
+vdot_u8 = _make_vdot(8)  # Q8_0 + 128
+
+
 # ------------------------------------------------- float helpers (softmax, attention)
 def _fintrinsic(builder, name, vals):
     t = vals[0].type

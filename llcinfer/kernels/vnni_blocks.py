@@ -7,10 +7,10 @@ K-quants (Q4_K, Q6_K: 256-value super-blocks).  vnni_matmul.py explains the arit
 
 import numpy as np
 
-from .jit import kernel
+from .jit import inline_kernel, kernel
 from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q8_0
 from .simd import ldf, ldi, prefetch_l1, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
-from .simd_math import vadd, vand, vcvt, vdpbusd, vdpbusd_full, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
+from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_u8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
 
 
 @kernel
@@ -44,44 +44,18 @@ def _nib8(wp, o, tag):
 
 
 @kernel
-def _dot8(qs, xr, k0, init, tag):
-    """init + sum over the 8 k-groups of a 32-value chunk (weights < 128 as u8, x as s8)."""
-    z = vzero_i(tag)
-    a = vdpbusd(init, qs[0], vbcast4(xr, k0, tag), tag)
-    b = vdpbusd(z, qs[1], vbcast4(xr, k0 + 4, tag), tag)
-    a = vdpbusd(a, qs[2], vbcast4(xr, k0 + 8, tag), tag)
-    b = vdpbusd(b, qs[3], vbcast4(xr, k0 + 12, tag), tag)
-    a = vdpbusd(a, qs[4], vbcast4(xr, k0 + 16, tag), tag)
-    b = vdpbusd(b, qs[5], vbcast4(xr, k0 + 20, tag), tag)
-    a = vdpbusd(a, qs[6], vbcast4(xr, k0 + 24, tag), tag)
-    b = vdpbusd(b, qs[7], vbcast4(xr, k0 + 28, tag), tag)
-    return vadd(a, b)
-
-
-@kernel
-def _dot8_full(qs, xr, k0, init, tag):
-    """As _dot8 for full-range u8 weights (Q8_0 + 128)."""
-    z = vzero_i(tag)
-    a = vdpbusd_full(init, qs[0], vbcast4(xr, k0, tag), tag)
-    b = vdpbusd_full(z, qs[1], vbcast4(xr, k0 + 4, tag), tag)
-    a = vdpbusd_full(a, qs[2], vbcast4(xr, k0 + 8, tag), tag)
-    b = vdpbusd_full(b, qs[3], vbcast4(xr, k0 + 12, tag), tag)
-    a = vdpbusd_full(a, qs[4], vbcast4(xr, k0 + 16, tag), tag)
-    b = vdpbusd_full(b, qs[5], vbcast4(xr, k0 + 20, tag), tag)
-    a = vdpbusd_full(a, qs[6], vbcast4(xr, k0 + 24, tag), tag)
-    b = vdpbusd_full(b, qs[7], vbcast4(xr, k0 + 28, tag), tag)
-    return vadd(a, b)
+def _x8(xr, k0, tag):
+    """The activation bytes of the 8 k-groups of a 32-value chunk, each broadcast."""
+    return (vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag),
+            vbcast4(xr, k0 + 16, tag), vbcast4(xr, k0 + 20, tag), vbcast4(xr, k0 + 24, tag),
+            vbcast4(xr, k0 + 28, tag))
 
 
 @kernel
 def _dot4(q0, q1, q2, q3, xr, k0, init, tag):
-    """init + sum over 4 k-groups (16 values: a Q6_K sub-block)."""
-    z = vzero_i(tag)
-    a = vdpbusd(init, q0, vbcast4(xr, k0, tag), tag)
-    b = vdpbusd(z, q1, vbcast4(xr, k0 + 4, tag), tag)
-    a = vdpbusd(a, q2, vbcast4(xr, k0 + 8, tag), tag)
-    b = vdpbusd(b, q3, vbcast4(xr, k0 + 12, tag), tag)
-    return vadd(a, b)
+    """init + sum over 4 k-groups (16 values: a Q6_K sub-block, weights 0..63)."""
+    xs = (vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag))
+    return vdot_u6(init, (q0, q1, q2, q3), xs, tag)
 
 
 @kernel
@@ -107,25 +81,26 @@ def dec32(qt, wp, o, tag):
     return q
 
 
-@kernel
+@inline_kernel
 def _acc32(qt, wp, o, qs, xr, dx, sx, k0, acc, tag):
     """acc + this block's contribution for one activation row (dx scale, sx block sum)."""
     W = vlanes(tag)
+    xs = _x8(xr, k0, tag)
     if qt == Q8_0:
-        ai = _dot8_full(qs, xr, k0, vsplat(-128 * sx, tag), tag)
+        ai = vdot_u8(vsplat(-128 * sx, tag), qs, xs, tag)
     elif qt == Q4_0:
-        ai = _dot8(qs, xr, k0, vsplat(-8 * sx, tag), tag)
+        ai = vdot_u4(vsplat(-8 * sx, tag), qs, xs, tag)
     elif qt == Q5_0:
-        ai = _dot8(qs, xr, k0, vsplat(-16 * sx, tag), tag)
+        ai = vdot_u5(vsplat(-16 * sx, tag), qs, xs, tag)
     else:
-        ai = _dot8(qs, xr, k0, vzero_i(tag), tag)
+        ai = vdot_u4(vzero_i(tag), qs, xs, tag)
     acc = vfma(vcvt(ai), vmul(vload_f16(wp, o, tag), vsplat(dx, tag)), acc)
     if qt == Q4_1:
         acc = vfma(vload_f16(wp, o + 2 * W, tag), vsplat(dx * np.float32(sx), tag), acc)
     return acc
 
 
-@kernel
+@inline_kernel
 def run32_1(qt, wa, xa, xda, xsa, K, m, tag):
     """One activation row m over the group at address wa (32-value block types)."""
     bs = block_bytes(qt) * vlanes(tag)
@@ -139,7 +114,7 @@ def run32_1(qt, wa, xa, xda, xsa, K, m, tag):
     return acc
 
 
-@kernel
+@inline_kernel
 def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
     """Activation rows m..m+3: each block decoded once, used by the 4 rows."""
     bs = block_bytes(qt) * vlanes(tag)
@@ -182,7 +157,7 @@ def _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag):
     """Sub-block s (32 values) of the Q4_K block at byte o, one activation row
     (xr: its int8 values, xsr: its sums of 16)."""
     W = vlanes(tag)
-    ai = _dot8(qs, xr, 256 * b + 32 * s, vzero_i(tag), tag)
+    ai = vdot_u4(vzero_i(tag), qs, _x8(xr, 256 * b + 32 * s, tag), tag)
     isum = vadd(isum, vmul(ai, vload_u8(wa, o + 4 * W + s * W, tag)))
     bsum = ldi(xsr, 16 * b + 2 * s) + ldi(xsr, 16 * b + 2 * s + 1)
     imin = vadd(imin, vmul(vload_u8(wa, o + 12 * W + s * W, tag), vsplat(bsum, tag)))

@@ -24,8 +24,8 @@ type, are in vnni_blocks.py; this module holds the drivers.
 
 from numba import prange
 
-from .jit import kernel, parallel_kernel
-from .repack import Q4_K, Q6_K
+from .jit import inline_kernel, kernel, parallel_kernel
+from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 from .simd import addr, stf, vlane, vlanes, vstore, vtag
 from .vnni_blocks import run32_1, run32_4, runk4_1, runk4_4, runk6_1, runk6_4
 
@@ -41,14 +41,11 @@ def _put(ya, ny, m, n0, nv, acc, tag):
             stf(ya, m * ny + n0 + i, vlane(acc, i))
 
 
-@kernel
-def group_rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
-    """y[:, g W : g W + W] = x @ W[group g].T, everything by address: the packed group at
-    wa; the int8 activations [M, K] at xa, their block scales at xda and sums at xsa;
-    y  # [M, ny] f32 at ya; tag a VTag.  Array arguments would be reference counted at
-    every call (an atomic add on the array's counter, at entry and at exit); the decode step
-    with address-only tile calls and per-worker tile regions took 0.90x the time per token
-    of the array form (SmolLM2, 2 threads, d0; the regions alone: 0.96x)."""
+@inline_kernel
+def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
+    """group_rows for one weight type: inlined where qt is a constant, so that the block
+    loops below carry no branch on the type (with them, and 16 ymm registers on AVX2, the
+    decoded weight vectors were spilled to the stack in every block)."""
     W = vlanes(tag)
     n0 = g * W
     nv = min(W, ny - n0)
@@ -74,6 +71,29 @@ def group_rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
             a0 = run32_1(qt, wa, xa, xda, xsa, K, m, tag)
         _put(ya, ny, m, n0, nv, a0, tag)
         m += 1
+
+
+@kernel
+def group_rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
+    """y[:, g W : g W + W] = x @ W[group g].T, everything by address: the packed group at
+    wa; the int8 activations [M, K] at xa, their block scales at xda and sums at xsa;
+    y  # [M, ny] f32 at ya; tag a VTag.  Array arguments would be reference counted at
+    every call (an atomic add on the array's counter, at entry and at exit); the decode step
+    with address-only tile calls and per-worker tile regions took 0.90x the time per token
+    of the array form (SmolLM2, 2 threads, d0; the regions alone: 0.96x).  One branch on
+    the type per call, then that type's own loops (_rows with a constant type)."""
+    if qt == Q4_K:
+        _rows(Q4_K, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
+    elif qt == Q6_K:
+        _rows(Q6_K, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
+    elif qt == Q4_0:
+        _rows(Q4_0, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
+    elif qt == Q4_1:
+        _rows(Q4_1, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
+    elif qt == Q5_0:
+        _rows(Q5_0, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
+    else:
+        _rows(Q8_0, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
 
 
 @parallel_kernel

@@ -5,7 +5,8 @@
 
 Compiles ``vnni_matmul`` for the path's tag (one small call), takes numba's
 ``inspect_asm`` of that specialization (the parfor body is in the same listing) and
-counts vpdpbusd / vpmaddubsw instructions, distinct zmm / ymm registers, and zmm loads.
+counts vpdpbusd / vpmaddubsw / vpmaddwd / vpaddw instructions, vector loads and stores
+on the stack (spills), calls, distinct zmm / ymm registers, and zmm loads.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def summarize(asm: str) -> dict:
         "vpdpbusd_zmm": sum(ln.startswith("vpdpbusd") and "zmm" in ln for ln in ins),
         "vpdpbusd_bcst": sum(ln.startswith("vpdpbusd") and "1to" in ln for ln in ins),
         "vpmaddubsw": sum(ln.startswith("vpmaddubsw") for ln in ins),
+        "vpmaddwd": sum(ln.startswith("vpmaddwd") for ln in ins),
+        "vpaddw": sum(ln.startswith("vpaddw") for ln in ins),
         "vcvtph2ps": sum(ln.startswith("vcvtph2ps") for ln in ins),
         "vpmulld": sum(ln.startswith("vpmulld") for ln in ins),
+        "vector_stack_accesses": sum("(%rsp)" in ln and ("ymm" in ln or "zmm" in ln) for ln in ins),
+        "calls": sum(ln.startswith("call") for ln in ins),
         "zmm_registers": len(set(re.findall(r"zmm\d+", asm))),
         "ymm_registers": len(set(re.findall(r"ymm\d+", asm))),
         "zmm_loads": sum(bool(re.match(r"vmovdq[au](8|16|32|64)?\s+\S*\(|vmovdqu\d*\s+-?\d*\(", ln)) and "zmm" in ln for ln in ins),

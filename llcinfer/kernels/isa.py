@@ -2,7 +2,8 @@
 
     avx512vnni   512-bit vectors, vpdpbusd (u8 x s8 -> i32), 16 weight rows per group
     avxvnni      256-bit vectors, vpdpbusd on ymm (AVX-VNNI, or AVX512-VNNI + VL), 8 rows
-    avx2         256-bit vectors, vpdpbusd emulated by vpmaddubsw + vpmaddwd, 8 rows
+    avx2         256-bit vectors, vpdpbusd emulated by vpmaddubsw (partial sums kept in i16)
+                 + vpmaddwd, 8 rows
     generic      the portable numba kernels of quant_matmul.py (float activations)
 
 The best path the CPU supports is chosen at run time; ``LLCINFER_ISA`` forces one (a path

@@ -194,10 +194,14 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
     if bits == 8:
         m = ir.Constant(vt, [0x0F0F0F0F] * n)
         four = ir.Constant(vt, [4] * n)
-        sides = [[builder.and_(builder.lshr(q, four), m) for q in qs], [builder.and_(q, m) for q in qs]]
-        for side, k in zip(sides, (16, 1)):
-            acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, side, xs, n), k, n))
-        return acc
+        hi = lo = None  # running i16 sums, k-group by k-group (the tree of _sum16 held
+        for q, x in zip(qs, xs):  # all 16 nibble vectors at once: 14 spills per block)
+            ph = _maddubs_ir(builder, builder.and_(builder.lshr(q, four), m), x, n)
+            pl = _maddubs_ir(builder, builder.and_(q, m), x, n)
+            hi = ph if hi is None else builder.add(hi, ph)
+            lo = pl if lo is None else builder.add(lo, pl)
+        acc = builder.add(acc, _maddwd_ir(builder, hi, 16, n))
+        return builder.add(acc, _maddwd_ir(builder, lo, 1, n))
     g = max(1, 32767 // (256 * ((1 << bits) - 1)))
     for c in range(0, len(qs), g):
         acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, qs[c:c + g], xs[c:c + g], n), 1, n))

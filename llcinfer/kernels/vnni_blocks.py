@@ -114,7 +114,7 @@ def run32_1(qt, wa, xa, xda, xsa, K, m, tag):
     return acc
 
 
-@kernel
+@inline_kernel
 def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
     """Activation rows m..m+3: each block decoded once, used by the 4 rows."""
     bs = block_bytes(qt) * vlanes(tag)

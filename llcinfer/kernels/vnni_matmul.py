@@ -42,31 +42,10 @@ def _put(ya, ny, m, n0, nv, acc, tag):
 
 
 @inline_kernel
-def _row32(qt, wa, g, xa, xda, xsa, M, K, ya, ny, m0, tag):
-    """Rows m0.. of x one at a time over a 32-value block type: inlined where qt is a
-    constant, so that the block loop carries no branch on the type (with those branches,
-    and 16 ymm registers on AVX2, the decoded weight vectors were spilled to the stack in
-    every block)."""
-    W = vlanes(tag)
-    n0 = g * W
-    nv = min(W, ny - n0)
-    for m in range(m0, M):
-        _put(ya, ny, m, n0, nv, run32_1(qt, wa, xa, xda, xsa, K, m, tag), tag)
-
-
-@kernel
-def group_rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
-    """y[:, g W : g W + W] = x @ W[group g].T, everything by address: the packed group at
-    wa; the int8 activations [M, K] at xa, their block scales at xda and sums at xsa;
-    y  # [M, ny] f32 at ya; tag a VTag.  Array arguments would be reference counted at
-    every call (an atomic add on the array's counter, at entry and at exit); the decode step
-    with address-only tile calls and per-worker tile regions took 0.90x the time per token
-    of the array form (SmolLM2, 2 threads, d0; the regions alone: 0.96x).
-
-    Rows 4 at a time (each block decoded once for the 4), then one at a time; the one-row
-    loop of the 32-value types (the decode step's) is compiled once per type (_row32 with
-    a constant type).  Doing the same for the 4-row loops too cost 3.3x the compile time
-    of this kernel (26.5 s against 7.9 s on this Zen 3; 7.9 s with neither)."""
+def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
+    """group_rows for one weight type: inlined where qt is a constant, so that the block
+    loops below carry no branch on the type (with them, and 16 ymm registers on AVX2, the
+    decoded weight vectors were spilled to the stack in every block)."""
     W = vlanes(tag)
     n0 = g * W
     nv = min(W, ny - n0)
@@ -83,22 +62,38 @@ def group_rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
         _put(ya, ny, m + 2, n0, nv, a2, tag)
         _put(ya, ny, m + 3, n0, nv, a3, tag)
         m += 4
-    if m == M:
-        return
+    while m < M:
+        if qt == Q4_K:
+            a0 = runk4_1(wa, xa, xda, xsa, K, m, tag)
+        elif qt == Q6_K:
+            a0 = runk6_1(wa, xa, xda, xsa, K, m, tag)
+        else:
+            a0 = run32_1(qt, wa, xa, xda, xsa, K, m, tag)
+        _put(ya, ny, m, n0, nv, a0, tag)
+        m += 1
+
+
+@kernel
+def group_rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
+    """y[:, g W : g W + W] = x @ W[group g].T, everything by address: the packed group at
+    wa; the int8 activations [M, K] at xa, their block scales at xda and sums at xsa;
+    y  # [M, ny] f32 at ya; tag a VTag.  Array arguments would be reference counted at
+    every call (an atomic add on the array's counter, at entry and at exit); the decode step
+    with address-only tile calls and per-worker tile regions took 0.90x the time per token
+    of the array form (SmolLM2, 2 threads, d0; the regions alone: 0.96x).  One branch on
+    the type per call, then that type's own loops (_rows with a constant type)."""
     if qt == Q4_K:
-        for r in range(m, M):
-            _put(ya, ny, r, n0, nv, runk4_1(wa, xa, xda, xsa, K, r, tag), tag)
+        _rows(Q4_K, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
     elif qt == Q6_K:
-        for r in range(m, M):
-            _put(ya, ny, r, n0, nv, runk6_1(wa, xa, xda, xsa, K, r, tag), tag)
+        _rows(Q6_K, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
     elif qt == Q4_0:
-        _row32(Q4_0, wa, g, xa, xda, xsa, M, K, ya, ny, m, tag)
+        _rows(Q4_0, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
     elif qt == Q4_1:
-        _row32(Q4_1, wa, g, xa, xda, xsa, M, K, ya, ny, m, tag)
+        _rows(Q4_1, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
     elif qt == Q5_0:
-        _row32(Q5_0, wa, g, xa, xda, xsa, M, K, ya, ny, m, tag)
+        _rows(Q5_0, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
     else:
-        _row32(Q8_0, wa, g, xa, xda, xsa, M, K, ya, ny, m, tag)
+        _rows(Q8_0, wa, g, xa, xda, xsa, M, K, ya, ny, tag)
 
 
 @parallel_kernel

@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 from gguf import quants as gguf_quants
+from gguf.constants import GGMLQuantizationType as QT
 
 from llcinfer.kernels import Linear, linear_many
 from llcinfer.kernels import isa as isa_mod
@@ -18,7 +19,7 @@ from llcinfer.kernels.act_quant import ACT_Q8_0, ACT_Q8_K, quantize_activations,
 from llcinfer.kernels.repack import repack, unpack
 from llcinfer.kernels.simd import lanes
 
-from tiny_models import K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, fake_tensor
+from tiny_models import K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, FakeTensor, fake_tensor, random_quant_bytes
 
 SIMD_ISAS = [i for i in isa_mod.supported_isas() if i != "generic"]
 ROWS = (1, 3, 17, 33, 129)
@@ -105,10 +106,6 @@ def test_simd_matmul_extreme_values(isa, qtype, fill):
     """Every quantized field at an extreme byte and every activation at +-127: the largest
     partial sums the AVX2 path keeps in i16 lanes (vpmaddubsw results added before
     vpmaddwd) must not wrap."""
-    from gguf.constants import GGMLQuantizationType as QT
-
-    from tiny_models import FakeTensor, random_quant_bytes
-
     N, K = 17, COLS[qtype][1]
     raw = random_quant_bytes(np.random.default_rng(fill), qtype, N, K)
     blocks = raw.reshape(N, K // (256 if qtype in K_QUANTS else 32), -1).copy()

@@ -11,8 +11,8 @@ source serves the 512-bit and 256-bit paths, and the on-disk cache keeps them ap
 
     avx512vnni  W = 16 lanes of 32 bits (zmm), dpbusd = vpdpbusd zmm
     avxvnni     W = 8 (ymm),  dpbusd = vpdpbusd ymm
-    avx2        W = 8 (ymm),  dpbusd = vpmaddubsw + vpmaddwd + vpaddd (operand a must be
-                < 128, e.g. 4-6 bit weights: the i16 pair sums cannot saturate)
+    avx2        W = 8 (ymm),  dpbusd = vpmaddubsw, results summed in i16 as far as the
+                weights' range allows, then vpmaddwd (simd_math._dot_ir)
 
 Integer vectors hold 32-bit lanes; a u8/s8 operand of dpbusd is the same register seen as
 4 bytes per lane.

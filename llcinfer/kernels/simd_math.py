@@ -109,52 +109,12 @@ def vzero_f(typingctx, tag):
     return Vec(n, True)(tag), codegen
 
 
-def _dpbusd_ir(builder, acc, a, b, n, mode):
+def _vpdpbusd_ir(builder, acc, a, b, n):
+    """vpdpbusd (AVX512-VNNI / AVX-VNNI): acc + per-lane sum of 4 products u8(a) x s8(b)."""
     vt = _vty(n)
-    if mode == "vnni":
-        bits = 32 * n
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
-                                            f"llvm.x86.avx512.vpdpbusd.{bits}")
-        return builder.call(fn, [acc, a, b])
-    # AVX2: u8 x s8 pairs -> i16 (vpmaddubsw), i16 pairs -> i32 (vpmaddwd with ones)
-    b8 = ir.VectorType(_I8, 4 * n)
-    w16 = ir.VectorType(_I16, 2 * n)
-    f1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(w16, [b8, b8]), "llvm.x86.avx2.pmadd.ub.sw")
-    f2 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
-    p = builder.call(f1, [builder.bitcast(a, b8), builder.bitcast(b, b8)])
-    ones = ir.Constant(w16, [1] * (2 * n))
-    return builder.add(acc, builder.call(f2, [p, ones]))
-
-
-@intrinsic
-def vdpbusd(typingctx, acc, a, b, tag):
-    """acc + per-lane sum of 4 products u8(a) * s8(b)  (a's bytes must be < 128 on avx2)."""
-    n, mode = _tag_info(tag)
-
-    def codegen(context, builder, sig, args):
-        return _dpbusd_ir(builder, args[0], args[1], args[2], n, mode)
-
-    return acc(acc, a, b, tag), codegen
-
-
-@intrinsic
-def vdpbusd_full(typingctx, acc, a, b, tag):
-    """As vdpbusd for any u8 a (0..255): on avx2 split into nibbles to avoid i16 saturation."""
-    n, mode = _tag_info(tag)
-
-    def codegen(context, builder, sig, args):
-        acc_, a_, b_ = args[:3]
-        if mode == "vnni":
-            return _dpbusd_ir(builder, acc_, a_, b_, n, mode)
-        vt = _vty(n)
-        m = ir.Constant(vt, [0x0F0F0F0F] * n)
-        lo = builder.and_(a_, m)
-        hi = builder.and_(builder.lshr(a_, ir.Constant(vt, [4] * n)), m)
-        t = _dpbusd_ir(builder, ir.Constant(vt, None), hi, b_, n, mode)
-        acc_ = builder.add(acc_, builder.shl(t, ir.Constant(vt, [4] * n)))
-        return _dpbusd_ir(builder, acc_, lo, b_, n, mode)
-
-    return acc(acc, a, b, tag), codegen
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
+                                        f"llvm.x86.avx512.vpdpbusd.{32 * n}")
+    return builder.call(fn, [acc, a, b])
 
 
 def _maddubs_ir(builder, a, b, n):
@@ -188,7 +148,7 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
         z = ir.Constant(_vty(n), None)
         chains = [acc, z]
         for j, (q, x) in enumerate(zip(qs, xs)):
-            chains[j % 2] = _dpbusd_ir(builder, chains[j % 2], q, x, n, mode)
+            chains[j % 2] = _vpdpbusd_ir(builder, chains[j % 2], q, x, n)
         return builder.add(chains[0], chains[1]) if len(qs) > 1 else chains[0]
     vt = _vty(n)
     if bits == 8:

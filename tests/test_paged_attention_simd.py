@@ -214,3 +214,19 @@ def test_vector_exp_and_reductions(isa):
         assert out[1, 0] == x.max()
         np.testing.assert_allclose(out[1, 1], x.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
         np.testing.assert_array_equal(out[2], np.maximum(x, other))
+
+
+@pytest.mark.parametrize("width_isa", ["avx512vnni", "avx2"])
+@pytest.mark.parametrize("H,KVH,D,bs", [(14, 2, 64, 16), (14, 2, 64, 32), (9, 3, 64, 32), (16, 2, 64, 64)])
+def test_lane_logic_of_both_widths(width_isa, H, KVH, D, bs):
+    """The 16-lane and the 8-lane task on any CPU (attention emits plain LLVM vectors: on a
+    CPU without AVX-512 the 16-lane code is split into halves, its logic unchanged), in
+    blocks of 1, 2 and 4 key vectors per pass: ``_qk_t``'s one- and two-vector loops with
+    their masks, ``_pv``'s passes of 4 and 2 V vectors for groups of up to 4 heads."""
+    case = Case(H, KVH, D, 301, "f16", bs, seed=zlib.crc32(f"{width_isa}{H}{bs}".encode()))
+    scale = np.float32(1 / np.sqrt(D))
+    for n_past, M in ((0, 1), (8, 1), (20, 1), (31, 1), (50, 2), (298, 3)):
+        q = case.query(M)
+        for splits in (1, 3):
+            out = _run(pa.paged_attention_serial, case, 1, q, n_past, scale, splits, make_tag(width_isa))
+            case.check(out, q, 1, n_past, scale)

@@ -6,7 +6,9 @@ K is stored transposed within a block (``[d, token]``, see paged_attention.py), 
 scores of W keys come out of plain vector FMAs, with no horizontal sums:
 
     s[g, j0:j0+W] = sum_d  q[g, d] * K^T[d, j0:j0+W]      (one vcvtph2ps per d, shared by
-                                                          the G heads of the group)
+                                                          the G heads of the group; each
+                                                          broadcast q[g, d] serves the key
+                                                          vectors j0 and j0 + W)
 
 V stays row-major ([token, d]) and is accumulated as acc[g, :] += p[g, j] v[j, :], the
 accumulators of a group of heads in registers.  The softmax is online per block (vector
@@ -46,9 +48,9 @@ def _switch_ir(builder, value, cases, default):
     builder.position_at_end(merge)
 
 
-def _heads_ir(builder, emit, nc, gb, args, head_steps):
-    """IR: emit(NC, GB, args) for nc == 4 and gb in 1..4 heads (unrolled: each K/V vector
-    widened once for the group); nc 2 or 1 (row tails): one head at a time, address
+def _heads_ir(builder, emit, nc, gb, args, head_steps, ncmax):
+    """IR: emit(NC, GB, args) for nc == ncmax and gb in 1..4 heads (unrolled: each V vector
+    widened once for the group); narrower nc (row tails): one head at a time, address
     arguments advanced by head_steps (bytes per head, IR values or None) in a loop."""
 
     def one_by_one(NC):
@@ -56,9 +58,13 @@ def _heads_ir(builder, emit, nc, gb, args, head_steps):
             emit(NC, 1, [a if s is None else builder.add(a, builder.mul(s, loop.index))
                          for a, s in zip(args, head_steps)])
 
-    _switch_ir(builder, nc, {4: lambda: _switch_ir(builder, gb, {g: (lambda g=g: emit(4, g, args)) for g in (1, 2, 3)},
-                                                   lambda: emit(4, 4, args)),
-                             2: lambda: one_by_one(2)}, lambda: one_by_one(1))
+    def by_heads():
+        _switch_ir(builder, gb, {g: (lambda g=g: emit(ncmax, g, args)) for g in (1, 2, 3)},
+                   lambda: emit(ncmax, 4, args))
+
+    tails = [k for k in (2, 1) if k < ncmax]
+    _switch_ir(builder, nc, {ncmax: by_heads, **{k: (lambda k=k: one_by_one(k)) for k in tails[:-1]}},
+               lambda: one_by_one(tails[-1]) if tails else None)
 
 
 def _typed(ints, vt, arr):
@@ -70,43 +76,50 @@ def _typed(ints, vt, arr):
     return vt.n, kind
 
 
+# vectors of V columns per _pv pass for a group of up to 4 heads, by vector width: 4 x
+# PV_COLS accumulators, the V vectors and a broadcast fit in the registers
+PV_COLS = {16: 4, 8: 2}
 # heads per _qk_t call by vector width: 2 x gmax accumulators + the key vector fit in the
 # registers (32 zmm; 16 ymm on AVX2)
 QK_HEADS = {16: 8, 8: 4}
 
 
 @intrinsic
-def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb, vt, pool):
-    """Scores of gb query heads against W keys stored transposed: lane j of head g's result
-    = sum_{d < nd} q[g, d] * K^T[d, j], stored at sa + g * sstride floats; lanes j >= nk get
-    _NEG.
+def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt, pool):
+    """Scores of gb query heads against nkv (1 or 2) vectors of W keys stored transposed:
+    lane j of head g's v-th result = sum_{d < nd} q[g, d] * K^T[d, v W + j], stored at
+    sa + (g * sstride + v W) floats; keys v W + j >= nk get _NEG.
 
-    q rows (f32, pre-scaled) at address qa, nd floats apart; K^T row d (W elements as
-    ``pool``'s) at ka + d * kstride bytes.  Each K^T row is widened once for all heads; two
-    chains of accumulators (even and odd d) hide the FMA latency.
+    q rows (f32, pre-scaled) at address qa, nd floats apart; K^T row d (nkv W elements as
+    ``pool``'s) at ka + d * kstride bytes.  Each K^T vector is widened once for all heads
+    and each broadcast q[g, d] serves the nkv key vectors; with fewer than 8 accumulators
+    two chains (even and odd d) hide the FMA latency.
 
     pfa, pfb (addresses, 0: none): two streams prefetched along, the bytes this call
     reads from K (2 * kstride per step of the d loop) at each: the K^T and V of a block
     ahead arrive spread over the loop instead of in one burst of misses."""
-    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb), vt, pool)
+    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb), vt, pool)
     if t is None:
         return None
     W, EK = t
     gmax = QK_HEADS[W]
+    esize = (4, 2, 1)[EK]
 
     def codegen(context, builder, sig, args):
         i64, f32 = ir.IntType(64), ir.FloatType()
-        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_, pfa_, pfb_ = [context.cast(builder, a, ty, types.int64)
-                                                             for a, ty in zip(args[:10], sig.args[:10])]
+        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_, nkv_, pfa_, pfb_ = [
+            context.cast(builder, a, ty, types.int64) for a, ty in zip(args[:11], sig.args[:11])]
         vty = ir.VectorType(f32, W)
         step = builder.shl(ks_, ir.Constant(i64, 1))  # bytes of K^T per loop step
         last = builder.sub(step, ir.Constant(i64, 1))
 
-        def emit(GB):
+        def emit(GB, NKV):
+            n_chains = 2 if GB * NKV < 8 else 1
             qp = builder.inttoptr(qa_, f32.as_pointer())
             kbase = builder.inttoptr(ka_, ir.IntType(8).as_pointer())
-            chains = [[cgutils.alloca_once(builder, vty) for _ in range(GB)] for _ in range(2)]
-            for slot in chains[0] + chains[1]:
+            chains = [[[cgutils.alloca_once(builder, vty) for _ in range(NKV)] for _ in range(GB)]
+                      for _ in range(n_chains)]  # [chain][g][key vector]
+            for slot in (x for ch in chains for row in ch for x in row):
                 builder.store(ir.Constant(vty, None), slot)
             with cgutils.for_range(builder, builder.ashr(nd_, ir.Constant(i64, 1))) as loop:
                 with builder.if_then(builder.icmp_signed("!=", pfa_, ir.Constant(i64, 0)), likely=True):
@@ -116,23 +129,34 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb, vt, poo
                             prefetch_ir(builder, builder.inttoptr(builder.add(base, at), ir.IntType(8).as_pointer()))
                 for c in range(2):
                     d = builder.add(builder.shl(loop.index, ir.Constant(i64, 1)), ir.Constant(i64, c))
-                    kv = load_as_f32(builder, builder.gep(kbase, [builder.mul(d, ks_)]), W, EK)
+                    krow = builder.gep(kbase, [builder.mul(d, ks_)])
+                    kv = [load_as_f32(builder, builder.gep(krow, [ir.Constant(i64, v * W * esize)]), W, EK)
+                          for v in range(NKV)]
                     for g in range(GB):
                         qg = builder.load(builder.gep(qp, [builder.add(builder.mul(nd_, ir.Constant(i64, g)), d)]))
-                        slot = chains[c][g]
-                        builder.store(fma_ir(builder, splat_ir(builder, qg, W), kv, builder.load(slot)), slot)
-            keep = lane_mask_ir(builder, W, nk_)
+                        qb = splat_ir(builder, qg, W)
+                        for v in range(NKV):
+                            slot = chains[c % n_chains][g][v]
+                            builder.store(fma_ir(builder, qb, kv[v], builder.load(slot)), slot)
             neg = ir.Constant(vty, [float(_NEG)] * W)
             sp = builder.inttoptr(sa_, f32.as_pointer())
-            for g in range(GB):
-                dst = builder.bitcast(builder.gep(sp, [builder.mul(ss_, ir.Constant(i64, g))]), vty.as_pointer())
-                s = builder.fadd(builder.load(chains[0][g]), builder.load(chains[1][g]))
-                builder.store(builder.select(keep, s, neg), dst, align=1)
+            for v in range(NKV):
+                keep = lane_mask_ir(builder, W, builder.sub(nk_, ir.Constant(i64, v * W)))
+                for g in range(GB):
+                    dst = builder.bitcast(builder.gep(sp, [builder.add(builder.mul(ss_, ir.Constant(i64, g)),
+                                                                       ir.Constant(i64, v * W))]), vty.as_pointer())
+                    s = builder.load(chains[0][g][v])
+                    if n_chains == 2:
+                        s = builder.fadd(s, builder.load(chains[1][g][v]))
+                    builder.store(builder.select(keep, s, neg), dst, align=1)
 
-        _switch_ir(builder, gb_, {g: (lambda g=g: emit(g)) for g in range(1, gmax + 1)}, lambda: None)
+        def by_heads(NKV):
+            _switch_ir(builder, gb_, {g: (lambda g=g: emit(g, NKV)) for g in range(1, gmax + 1)}, lambda: None)
+
+        _switch_ir(builder, nkv_, {2: lambda: by_heads(2)}, lambda: by_heads(1))
         return context.get_dummy_value()
 
-    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, pfa, pfb, vt, pool), codegen
+    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt, pool), codegen
 
 
 @intrinsic
@@ -190,25 +214,26 @@ def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool):
         ps_, ld_, nc_, gb_ = vals[2], vals[5], vals[7], vals[8]
         four = ir.Constant(i64, 4)
         _heads_ir(builder, emit, nc_, gb_, vals[:7], [builder.mul(ld_, four), builder.mul(ps_, four), None, four, None,
-                                                      None, None])
+                                                      None, None], PV_COLS[W])
         return context.get_dummy_value()
 
     return types.none(aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool), codegen
 
 
 @kernel
-def _pass_width(left):
-    """Vectors per row pass: 4 while at least 4 are left, then 2, then 1."""
-    return 4 if left >= 4 else (2 if left >= 2 else 1)
+def _pass_width(left, most):
+    """Vectors per row pass: ``most`` (4 or 2) while that many are left, then 2, then 1."""
+    return most if left >= most else (2 if left >= 2 else 1)
 
 
 @kernel
 def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vt):
     """``_task`` on explicit vectors for f32 / f16 storage (D a multiple of W).
 
-    Per key block: scores for chunks of W keys (lanes = keys, ``_qk_t`` on the transposed
-    K), the online softmax on those vectors (vector exp), then ``_pv``.  K and V are read
-    straight from the pool and widened in registers; V rows go in passes of 4 (2, 1)
+    Per key block: scores for chunks of 2 W keys (lanes = keys, ``_qk_t`` on the transposed
+    K, each broadcast query value serving two key vectors), the online softmax on those
+    vectors (vector exp), then ``_pv``.  K and V are read straight from the pool and
+    widened in registers; V rows go in passes of PV_COLS (2, 1)
     vectors, the G heads in groups of up to 4; the block _PREFETCH ahead is prefetched.
     Needs bs a multiple of W and D a multiple of W (``_task`` checks).
 
@@ -237,11 +262,12 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     corr = np.empty(G, np.float32)  # [G] rescale of acc for the current block
     rmax = np.full(G, _NEG, np.float32)
     rsv = np.zeros((G, W), np.float32)  # [G, lane] running sums of probabilities
-    # P V: heads in groups of at most 4 (2 on 8 lanes: AVX2 has 16 registers), each V vector
-    # widened once per group.  Measured (in-cache, zmm): SmolLM2's 3 heads at once 1.1x
-    # faster than 2 + 1; Qwen2.5-0.5B's 4 + 3 as fast as 2 + 2 + 2 + 1, and all 7 at once
-    # 0.6-0.8x (spills)
-    gmax = 4 if W == 16 else 2
+    # P V: heads in groups of at most 4, each V vector widened once per group.  Measured
+    # (in-cache, zmm): SmolLM2's 3 heads at once 1.1x faster than 2 + 1; Qwen2.5-0.5B's
+    # 4 + 3 as fast as 2 + 2 + 2 + 1, and all 7 at once 0.6-0.8x (spills).  On AVX2 (16
+    # ymm) a group of 4 heads takes 2 V vectors per pass (8 accumulators)
+    gmax = 4
+    pv_cols = 4 if W == 16 else 2  # PV_COLS[W]
     n_groups = (G + gmax - 1) // gmax
     qk_max = 8 if W == 16 else 4  # QK_HEADS[W]: the scores of up to 8 heads per pass over K
     n_qk = (G + qk_max - 1) // qk_max
@@ -260,10 +286,11 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
         for gi in range(n_qk):
             g0 = gi * G // n_qk
             gn = (gi + 1) * G // n_qk - g0
-            for ch in range(0, n_valid, W):
+            for ch in range(0, n_valid, 2 * W):  # two key vectors per pass over K^T
                 first = gi == 0 and ch == 0
-                _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, min(W, n_valid - ch), D, sa + (g0 * SW + ch) * 4, SW,
-                      gn, nxt if first else 0, nxt + v_off if first and nxt else 0, vt, pool)
+                _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, n_valid - ch, D, sa + (g0 * SW + ch) * 4, SW,
+                      gn, 2 if n_valid - ch > W else 1, nxt if first else 0, nxt + v_off if first and nxt else 0,
+                      vt, pool)
         for g in range(G):
             so = sa + g * SW * 4
             ra = rsa + g * W * 4
@@ -297,7 +324,7 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
             gn = (gi + 1) * G // n_groups - g0
             c0 = 0
             while c0 < nv:
-                nc = _pass_width(nv - c0)
+                nc = _pass_width(nv - c0, pv_cols)
                 _pv(aa + (g0 * D + c0 * W) * 4, sa + g0 * SW * 4, SW, ca + g0 * 4, vb + c0 * W * esz, D, n_valid,
                     nc, gn, vt, pool)
                 c0 += nc

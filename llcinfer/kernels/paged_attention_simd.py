@@ -62,9 +62,10 @@ def _heads_ir(builder, emit, nc, gb, args, head_steps, ncmax):
         _switch_ir(builder, gb, {g: (lambda g=g: emit(ncmax, g, args)) for g in (1, 2, 3)},
                    lambda: emit(ncmax, 4, args))
 
-    tails = [k for k in (2, 1) if k < ncmax]
-    _switch_ir(builder, nc, {ncmax: by_heads, **{k: (lambda k=k: one_by_one(k)) for k in tails[:-1]}},
-               lambda: one_by_one(tails[-1]) if tails else None)
+    cases = {ncmax: by_heads}  # ncmax is 4 or 2
+    if ncmax == 4:
+        cases[2] = lambda: one_by_one(2)
+    _switch_ir(builder, nc, cases, lambda: one_by_one(1))
 
 
 def _typed(ints, vt, arr):
@@ -79,8 +80,9 @@ def _typed(ints, vt, arr):
 # vectors of V columns per _pv pass for a group of up to 4 heads, by vector width: 4 x
 # PV_COLS accumulators, the V vectors and a broadcast fit in the registers
 PV_COLS = {16: 4, 8: 2}
-# heads per _qk_t call by vector width: 2 x gmax accumulators + the key vector fit in the
-# registers (32 zmm; 16 ymm on AVX2)
+# heads per _qk_t call by vector width: their accumulators (gmax x 2 key vectors, or two
+# chains of gmax x 1), the key vectors and a broadcast fit in the registers (32 zmm; 16 ymm
+# on AVX2)
 QK_HEADS = {16: 8, 8: 4}
 
 
@@ -233,8 +235,8 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     Per key block: scores for chunks of 2 W keys (lanes = keys, ``_qk_t`` on the transposed
     K, each broadcast query value serving two key vectors), the online softmax on those
     vectors (vector exp), then ``_pv``.  K and V are read straight from the pool and
-    widened in registers; V rows go in passes of PV_COLS (2, 1)
-    vectors, the G heads in groups of up to 4; the block _PREFETCH ahead is prefetched.
+    widened in registers; V rows go in passes of PV_COLS (2, 1) vectors, the G heads in
+    groups of up to 4; the block _PREFETCH ahead is prefetched.
     Needs bs a multiple of W and D a multiple of W (``_task`` checks).
 
     The softmax exponentiates with the running max before this block's max is known and

@@ -14,4 +14,6 @@ llcinfer generate -m smollm2-135m -p "warm the kernel cache" -n 4 > $R/warmup-$D
 bash "$(dirname "$0")/mustshow-2026-11-30-kt.sh" $D
 python perf/startup.py --warm-runs 3 --threads 2 --no-baseline --json $R/startup-$D.json > $R/startup-$D.log 2>&1
 python perf/attention_bench.py --ctx 4096 16384 --threads 1 2 --isa avx2 --reps 5 --json $R/attention-$D.json > $R/attention-$D.log 2>&1
+# run after the rest (the one cell the kt script leaves out): Qwen-0.5B d16384 at 1 thread
+llcinfer bench -m qwen2.5-coder-0.5b --threads 1 -p 0 -n 32 --depth 16384 -r 3 --vs llama.cpp --alternate block --fill synthetic --json $R/bench-$D-t1-qwen0.5b-d16384.json > $R/bench-$D-t1-qwen0.5b-d16384.md 2> $R/bench-$D-t1-qwen0.5b-d16384.log
 echo MUSTSHOW_DONE

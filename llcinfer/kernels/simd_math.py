@@ -141,31 +141,49 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
     weights < 2**bits and |x| <= 128 a pair sum is at most 2 (2**bits - 1) 128, so
         g = 32767 // (256 (2**bits - 1))    (8 for 4-bit, 4 for 5-bit, 2 for 6-bit weights)
     vpmaddubsw results add up in i16 (vpaddw) without overflow before one vpmaddwd: per
-    32 values of a 4-bit type 8 + 1 multiplies instead of 8 + 8.  Full-range bytes (Q8_0 +
-    128) are split into nibbles, each side summed in i16, the high side's vpmaddwd
-    multiplying by 16 instead of shifting."""
+    32 values of a 4-bit type 8 + 1 multiplies instead of 8 + 8.  Full-range bytes (bits
+    8, Q8_0 + 128) are dotted as signed bytes by _signed_dot_ir, which returns
+    sum (q - 128) x without acc: the caller's acc there is VNNI's -128 sum(x) correction."""
     if mode == "vnni":
         z = ir.Constant(_vty(n), None)
         chains = [acc, z]
         for j, (q, x) in enumerate(zip(qs, xs)):
             chains[j % 2] = _vpdpbusd_ir(builder, chains[j % 2], q, x, n)
         return builder.add(chains[0], chains[1]) if len(qs) > 1 else chains[0]
-    vt = _vty(n)
     if bits == 8:
-        m = ir.Constant(vt, [0x0F0F0F0F] * n)
-        four = ir.Constant(vt, [4] * n)
-        hi = lo = None  # running i16 sums, k-group by k-group (the tree of _sum16 held
-        for q, x in zip(qs, xs):  # all 16 nibble vectors at once: 14 spills per block)
-            ph = _maddubs_ir(builder, builder.and_(builder.lshr(q, four), m), x, n)
-            pl = _maddubs_ir(builder, builder.and_(q, m), x, n)
-            hi = ph if hi is None else builder.add(hi, ph)
-            lo = pl if lo is None else builder.add(lo, pl)
-        acc = builder.add(acc, _maddwd_ir(builder, hi, 16, n))
-        return builder.add(acc, _maddwd_ir(builder, lo, 1, n))
+        return _signed_dot_ir(builder, qs, xs, n)
     g = max(1, 32767 // (256 * ((1 << bits) - 1)))
     for c in range(0, len(qs), g):
         acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, qs[c:c + g], xs[c:c + g], n), 1, n))
     return acc
+
+
+def _signed_dot_ir(builder, qs, xs, n):
+    """sum over j of the per-lane dot of 4 bytes: (u8(qs[j]) - 128) x s8(xs[j]), on AVX2,
+    with |x| <= 127 (Q8_0 / Q8_K activations).
+
+    llama.cpp's sign trick: with w = q - 128 (q xor 0x80), w x = |w| (sign(w) x), so one
+    vpmaddubsw of |w| (u8, at most 128) by vpsignb(x, w) (s8) gives pair sums of at most
+    2 128 127 = 32512, and one vpmaddwd with ones the i32 lane: per k-group xor, abs,
+    sign, 2 multiplies.  (Splitting q into nibbles instead took 2 shifts / masks, 2
+    vpmaddubsw and 2 vpaddw per k-group; its i16 sums saved only the vpmaddwd.)"""
+    b8 = ir.VectorType(_I8, 4 * n)
+    bias = ir.Constant(b8, [-128] * (4 * n))
+    ones = ir.Constant(ir.VectorType(_I16, 2 * n), [1] * (2 * n))
+    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(b8, [b8, ir.IntType(1)]),
+                                          f"llvm.abs.v{4 * n}i8")
+    fsign = cgutils.get_or_insert_function(builder.module, ir.FunctionType(b8, [b8, b8]), "llvm.x86.avx2.psign.b")
+    fmadd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vty(n), [ones.type, ones.type]),
+                                           "llvm.x86.avx2.pmadd.wd")
+    sums = []
+    for q, x in zip(qs, xs):
+        w = builder.xor(builder.bitcast(q, b8), bias)
+        p16 = _maddubs_ir(builder, builder.call(fabs, [w, ir.Constant(ir.IntType(1), 0)]),
+                          builder.call(fsign, [builder.bitcast(x, b8), w]), n)
+        sums.append(builder.call(fmadd, [p16, ones]))
+    while len(sums) > 1:  # a tree, not one chain of adds
+        sums = [builder.add(sums[i], sums[i + 1]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+    return sums[0]
 
 
 def _sum16(builder, qs, xs, n):
@@ -198,7 +216,9 @@ def _make_vdot(bits):
 vdot_u4 = _make_vdot(4)  # Q4_0, Q4_1, Q4_K nibbles
 vdot_u5 = _make_vdot(5)  # Q5_0
 vdot_u6 = _make_vdot(6)  # Q6_K
-vdot_u8 = _make_vdot(8)  # Q8_0 + 128
+# Q8_0 stored + 128: acc + sum_j (u8(qs[j]) - 128) s8(xs[j]), acc = -128 sum(x) on VNNI
+# (its unsigned dot needs the correction); the AVX2 path dots the signed bytes and drops acc
+vdot_q8 = _make_vdot(8)
 
 
 # ------------------------------------------------- float helpers (softmax, attention)

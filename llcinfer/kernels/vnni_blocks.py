@@ -10,7 +10,7 @@ import numpy as np
 from .jit import inline_kernel, kernel
 from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q8_0
 from .simd import ldf, ldi, prefetch_l1, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
-from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_u8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
+from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
 
 
 @kernel
@@ -87,7 +87,7 @@ def _acc32(qt, wp, o, qs, xr, dx, sx, k0, acc, tag):
     W = vlanes(tag)
     xs = _x8(xr, k0, tag)
     if qt == Q8_0:
-        ai = vdot_u8(vsplat(-128 * sx, tag), qs, xs, tag)
+        ai = vdot_q8(vsplat(-128 * sx, tag), qs, xs, tag)
     elif qt == Q4_0:
         ai = vdot_u4(vsplat(-8 * sx, tag), qs, xs, tag)
     elif qt == Q5_0:

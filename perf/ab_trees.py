@@ -1,0 +1,120 @@
+"""Decode TPOT of two llcinfer source trees in one process, alternating: new / old.
+
+    python perf/ab_trees.py --old HEAD --new worktree qwen2.5-coder-0.5b --threads 1 2 --depth 0 4096
+    python perf/ab_trees.py --old 627c2a9 --new HEAD smollm2-135m --depth 4096 -r 20
+
+This host's speed drifts by up to 1.5x within minutes (other tenants), so two processes
+run one after the other can differ by more than a kernel change does.  Here both trees are
+loaded at once, as two packages (``ab_old``, ``ab_new``: the package imports itself only
+relatively), and tg runs alternate old, new, new, old, ...; the figure is the median of
+the per-pair ratios new / old, with its quartiles.  Both engines keep their workers; a
+worker only spins a few ms after its engine's last step, then blocks.
+
+Which engine loads first matters here: Qwen2.5-0.5B at d4096, 1 thread, the same pair of
+trees gave 1.045 with the old one loaded first and 0.971 with the new one first (memory
+placement: which model and KV pool got the 2 MiB pages, say).  So by default each thread
+count is run twice, once per load order, and the geometric mean of the two is the figure.
+
+A tree is a git revision (``git archive``) or ``worktree`` (the checkout as it is, edits
+included), copied to ``$LLCINFER_HOME/ab/ab_old`` and ``ab_new``: fixed paths, so numba's
+on-disk cache (keyed by the sources, see kernels/jit.py) is reused when a tree is run
+again; a tree seen for the first time compiles for minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def materialise(tree: str, dest: Path, name: str) -> Path:
+    """Copy the llcinfer package of ``tree`` to dest/name."""
+    target = dest / name
+    shutil.rmtree(target, ignore_errors=True)
+    if tree == "worktree":
+        shutil.copytree(ROOT / "llcinfer", target, ignore=shutil.ignore_patterns("__pycache__"))
+        return target
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", tree, "llcinfer"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    (dest / "llcinfer").rename(target)
+    return target
+
+
+def quartiles(xs) -> tuple[float, float, float]:
+    return tuple(float(v) for v in np.percentile(xs, [50, 25, 75]))
+
+
+def compare(benches: dict, depth: int, n: int, reps: int) -> dict:
+    for b in benches.values():
+        b.set_depth(depth, mode="synthetic" if depth else "auto")
+        b.warmup()
+        b.tg(min(n, 8))
+    ratios, per = [], {name: [] for name in benches}
+    for r in range(reps):
+        order = ("old", "new") if r % 2 == 0 else ("new", "old")
+        t = {name: benches[name].tg(n) / n for name in order}
+        for name in benches:
+            per[name].append(t[name])
+        ratios.append(t["new"] / t["old"])
+    med, q1, q3 = quartiles(ratios)
+    return {"depth": depth, "n": n, "reps": reps, "ratio_new_old": med, "q1": q1, "q3": q3,
+            "tpot_ms": {name: 1e3 * float(np.median(ts)) for name, ts in per.items()}}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--old", default="HEAD", help="git revision or 'worktree'")
+    ap.add_argument("--new", default="worktree", help="git revision or 'worktree'")
+    ap.add_argument("--threads", type=int, nargs="+", default=[2])
+    ap.add_argument("--depth", type=int, nargs="+", default=[0])
+    ap.add_argument("-n", type=int, default=32, help="tokens per tg run")
+    ap.add_argument("-r", "--reps", type=int, default=12, help="tg runs per tree (alternating)")
+    ap.add_argument("--load-first", choices=("old", "new", "both"), default="both",
+                    help="which tree loads its model and KV pool first; both: each once (see below)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from llcinfer.catalog import llcinfer_home
+
+    trees_dir = llcinfer_home() / "ab"
+    trees_dir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(trees_dir))
+    trees = {"old": args.old, "new": args.new}
+    for name, tree in trees.items():
+        materialise(tree, trees_dir, f"ab_{name}")
+    ours = {name: importlib.import_module(f"ab_{name}.bench.ours") for name in trees}
+    n_ctx = max(args.depth) + args.n + 64
+    rows = []
+    orders = {"old": [("old", "new")], "new": [("new", "old")]}.get(args.load_first, [("old", "new"), ("new", "old")])
+    for threads in args.threads:
+        by_depth = {d: [] for d in args.depth}
+        for order in orders:
+            benches = {name: ours[name].OursBench(args.model, threads, n_ctx) for name in order}
+            for depth in args.depth:
+                row = {"threads": threads, "loaded_first": order[0], **compare(benches, depth, args.n, args.reps)}
+                rows.append(row)
+                by_depth[depth].append(row["ratio_new_old"])
+                print(f"{args.model} t={threads} d{depth} ({order[0]} loaded first): new/old {row['ratio_new_old']:.3f} "
+                      f"(q1 {row['q1']:.3f}, q3 {row['q3']:.3f}; {args.reps} pairs of {args.n} tokens)", flush=True)
+            del benches
+        if len(orders) == 2:
+            for depth, rs in by_depth.items():
+                print(f"{args.model} t={threads} d{depth}: new/old {float(np.sqrt(rs[0] * rs[1])):.3f} "
+                      "(geometric mean of both load orders)", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "old": args.old, "new": args.new,
+                                               "results": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
-"""Decode TPOT of two llcinfer source trees in one process, alternating: new / old.
+"""Decode TPOT (or prefill time) of two llcinfer source trees in one process, alternating: new / old.
 
     python perf/ab_trees.py --old HEAD --new worktree qwen2.5-coder-0.5b --threads 1 2 --depth 0 4096
     python perf/ab_trees.py --old 627c2a9 --new HEAD smollm2-135m --depth 4096 -r 20
+    python perf/ab_trees.py --old HEAD qwen2.5-coder-0.5b --pp -n 512 -r 6
 
 This host's speed drifts by up to 1.5x within minutes (other tenants), so two processes
 run one after the other can differ by more than a kernel change does.  Here both trees are
@@ -53,7 +54,8 @@ def quartiles(xs) -> tuple[float, float, float]:
     return tuple(float(v) for v in np.percentile(xs, [50, 25, 75]))
 
 
-def compare(benches: dict, depth: int, n: int, reps: int) -> dict:
+def compare(benches: dict, depth: int, n: int, reps: int, pp: bool = False) -> dict:
+    """tg (or with pp, prefill of an n-token prompt) at depth, trees alternating."""
     for b in benches.values():
         b.set_depth(depth, mode="synthetic" if depth else "auto")
         b.warmup()
@@ -61,13 +63,14 @@ def compare(benches: dict, depth: int, n: int, reps: int) -> dict:
     ratios, per = [], {name: [] for name in benches}
     for r in range(reps):
         order = ("old", "new") if r % 2 == 0 else ("new", "old")
-        t = {name: benches[name].tg(n) / n for name in order}
+        t = {name: (benches[name].pp(n) if pp else benches[name].tg(n)) / n for name in order}
         for name in benches:
             per[name].append(t[name])
         ratios.append(t["new"] / t["old"])
     med, q1, q3 = quartiles(ratios)
-    return {"depth": depth, "n": n, "reps": reps, "ratio_new_old": med, "q1": q1, "q3": q3,
-            "tpot_ms": {name: 1e3 * float(np.median(ts)) for name, ts in per.items()}}
+    return {"test": "pp" if pp else "tg", "depth": depth, "n": n, "reps": reps,
+            "ratio_new_old": med, "q1": q1, "q3": q3,
+            "ms_per_token": {name: 1e3 * float(np.median(ts)) for name, ts in per.items()}}
 
 
 def main(argv=None) -> None:
@@ -78,6 +81,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[2])
     ap.add_argument("--depth", type=int, nargs="+", default=[0])
     ap.add_argument("-n", type=int, default=32, help="tokens per tg run")
+    ap.add_argument("--pp", action="store_true", help="time prefill of an n-token prompt instead of tg")
     ap.add_argument("-r", "--reps", type=int, default=12, help="tg runs per tree (alternating)")
     ap.add_argument("--load-first", choices=("old", "new", "both"), default="both",
                     help="which tree loads its model and KV pool first; both: each once (see below)")
@@ -96,20 +100,22 @@ def main(argv=None) -> None:
     n_ctx = max(args.depth) + args.n + 64
     rows = []
     orders = {"old": [("old", "new")], "new": [("new", "old")]}.get(args.load_first, [("old", "new"), ("new", "old")])
+    label = f"{args.model} {'pp' if args.pp else 'tg'}{args.n}"
     for threads in args.threads:
         by_depth = {d: [] for d in args.depth}
         for order in orders:
             benches = {name: ours[name].OursBench(args.model, threads, n_ctx) for name in order}
             for depth in args.depth:
-                row = {"threads": threads, "loaded_first": order[0], **compare(benches, depth, args.n, args.reps)}
+                row = {"threads": threads, "loaded_first": order[0],
+                       **compare(benches, depth, args.n, args.reps, args.pp)}
                 rows.append(row)
                 by_depth[depth].append(row["ratio_new_old"])
-                print(f"{args.model} t={threads} d{depth} ({order[0]} loaded first): new/old {row['ratio_new_old']:.3f} "
+                print(f"{label} t={threads} d{depth} ({order[0]} loaded first): new/old {row['ratio_new_old']:.3f} "
                       f"(q1 {row['q1']:.3f}, q3 {row['q3']:.3f}; {args.reps} pairs of {args.n} tokens)", flush=True)
             del benches
         if len(orders) == 2:
             for depth, rs in by_depth.items():
-                print(f"{args.model} t={threads} d{depth}: new/old {float(np.sqrt(rs[0] * rs[1])):.3f} "
+                print(f"{label} t={threads} d{depth}: new/old {float(np.sqrt(rs[0] * rs[1])):.3f} "
                       "(geometric mean of both load orders)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "old": args.old, "new": args.new,

@@ -70,15 +70,22 @@ def dec32(qt, wp, o, tag):
                 vload(wp, p + 7 * vb, tag))
     if qt == Q4_1:
         return _nib8(wp, o + 4 * W, tag)
-    q = _nib8(wp, o + 2 * W, tag)
-    if qt == Q5_0:  # high bit j of each byte -> bit 4 of k-group j
-        h = vload(wp, o + 18 * W, tag)
-        m = vsplat(0x10101010, tag)
-        return (vor(q[0], vand(vshl(h, 4), m)), vor(q[1], vand(vshl(h, 3), m)),
-                vor(q[2], vand(vshl(h, 2), m)), vor(q[3], vand(vshl(h, 1), m)),
-                vor(q[4], vand(h, m)), vor(q[5], vand(vshr(h, 1), m)),
-                vor(q[6], vand(vshr(h, 2), m)), vor(q[7], vand(vshr(h, 3), m)))
-    return q
+    if qt == Q5_0:  # repack.py's P0..P4: v0..v4 in bits 0-4, v5..v7 spread over bits 5-7
+        p = o + 2 * W
+        p0 = vload(wp, p, tag)
+        p1 = vload(wp, p + vb, tag)
+        p2 = vload(wp, p + 2 * vb, tag)
+        p3 = vload(wp, p + 3 * vb, tag)
+        p4 = vload(wp, p + 4 * vb, tag)
+        m5 = vsplat(0x1F1F1F1F, tag)
+        m3 = vsplat(0x07070707, tag)
+        m2 = vsplat(0x18181818, tag)
+        return (vand(p0, m5), vand(p1, m5), vand(p2, m5), vand(p3, m5), vand(p4, m5),
+                vor(vand(vshr(p0, 5), m3), vand(vshr(p1, 2), m2)),
+                vor(vand(vshr(p2, 5), m3), vand(vshr(p3, 2), m2)),
+                vor(vor(vand(vshr(p1, 7), vsplat(0x01010101, tag)), vand(vshr(p3, 6), vsplat(0x02020202, tag))),
+                    vand(vshr(p4, 3), vsplat(0x1C1C1C1C, tag))))
+    return _nib8(wp, o + 2 * W, tag)
 
 
 @inline_kernel

@@ -14,7 +14,9 @@ and vpdpbusd adds the 4 products into each row's i32 lane.  Signed weights are m
 unsigned by a bias that the block sum of the activations takes back out:
     Q4_0: (nib - 8)    Q5_0: (q5 - 16)    Q8_0: (q + 128) - 128    Q6_K: (q6 - 32)
 (the bias times the block sum initialises the block's i32 accumulator).  Q4_1 and Q4_K add
-their mins times the block sums in float / integer.
+their mins times the block sums in float / integer.  AVX2 has no vpdpbusd: vpmaddubsw +
+vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed bytes
+(llama.cpp's sign trick), its bias term unused.
 
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded
 once and fed to the 4 rows' accumulators; the rest one at a time.  A group's weights stay

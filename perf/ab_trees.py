@@ -123,4 +123,11 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except subprocess.CalledProcessError as exc:  # git archive of an unknown revision
+        sys.exit(f"error: {' '.join(exc.cmd[:5])}: {exc.stderr.decode(errors='replace').strip().splitlines()[-1]}")
+    except Exception as exc:  # the engine's own errors (unknown model, bad GGUF) as one line
+        if type(exc).__module__.split(".")[0] not in ("ab_old", "ab_new", "llcinfer"):
+            raise
+        sys.exit(f"error: {exc}")

@@ -103,17 +103,6 @@ def _nibvec(v, W):
     return np.ascontiguousarray(p).reshape(G, nc, 16 * W)
 
 
-def _bitvec(h, W):
-    """bits [R, nc, 32] (0/1) -> [G, nc, 4W]: lane r byte i bit j = h[r, 4j + i]."""
-    R, nc, _ = h.shape
-    G = R // W
-    h = h.reshape(G, W, nc, 8, 4).astype(np.uint8)
-    acc = np.zeros((G, W, nc, 4), np.uint8)
-    for j in range(8):
-        acc |= h[:, :, :, j, :] << j
-    return np.ascontiguousarray(acc.transpose(0, 2, 1, 3)).reshape(G, nc, 4 * W)
-
-
 def _q5vec(v, W):
     """5-bit values [R, nb, 32] -> [G, nb, 20W] bytes: the vectors P0..P4 of the module doc.
     Decoding (vnni_blocks.dec32) takes 23 vector operations per block, against 35 for

@@ -160,7 +160,7 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
 
 def _signed_dot_ir(builder, qs, xs, n):
     """sum over j of the per-lane dot of 4 bytes: (u8(qs[j]) - 128) x s8(xs[j]), on AVX2,
-    with |x| <= 127 (Q8_0 / Q8_K activations).
+    with |x| <= 127 (Q8_0 activations: round(x / (max|x| / 127))).
 
     llama.cpp's sign trick: with w = q - 128 (q xor 0x80), w x = |w| (sign(w) x), so one
     vpmaddubsw of |w| (u8, at most 128) by vpsignb(x, w) (s8) gives pair sums of at most
@@ -169,29 +169,28 @@ def _signed_dot_ir(builder, qs, xs, n):
     vpmaddubsw and 2 vpaddw per k-group; its i16 sums saved only the vpmaddwd.)"""
     b8 = ir.VectorType(_I8, 4 * n)
     bias = ir.Constant(b8, [-128] * (4 * n))
-    ones = ir.Constant(ir.VectorType(_I16, 2 * n), [1] * (2 * n))
     fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(b8, [b8, ir.IntType(1)]),
                                           f"llvm.abs.v{4 * n}i8")
     fsign = cgutils.get_or_insert_function(builder.module, ir.FunctionType(b8, [b8, b8]), "llvm.x86.avx2.psign.b")
-    fmadd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vty(n), [ones.type, ones.type]),
-                                           "llvm.x86.avx2.pmadd.wd")
     sums = []
     for q, x in zip(qs, xs):
         w = builder.xor(builder.bitcast(q, b8), bias)
         p16 = _maddubs_ir(builder, builder.call(fabs, [w, ir.Constant(ir.IntType(1), 0)]),
                           builder.call(fsign, [builder.bitcast(x, b8), w]), n)
-        sums.append(builder.call(fmadd, [p16, ones]))
-    while len(sums) > 1:  # a tree, not one chain of adds
-        sums = [builder.add(sums[i], sums[i + 1]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
-    return sums[0]
+        sums.append(_maddwd_ir(builder, p16, 1, n))
+    return _tree_add(builder, sums)
+
+
+def _tree_add(builder, vs):
+    """The sum of the vectors vs as a balanced tree of adds (not one chain)."""
+    while len(vs) > 1:
+        vs = [builder.add(vs[i], vs[i + 1]) if i + 1 < len(vs) else vs[i] for i in range(0, len(vs), 2)]
+    return vs[0]
 
 
 def _sum16(builder, qs, xs, n):
     """sum of vpmaddubsw(qs[j], xs[j]) in i16 lanes (the caller bounds it), as a tree."""
-    ps = [_maddubs_ir(builder, q, x, n) for q, x in zip(qs, xs)]
-    while len(ps) > 1:
-        ps = [builder.add(ps[i], ps[i + 1]) if i + 1 < len(ps) else ps[i] for i in range(0, len(ps), 2)]
-    return ps[0]
+    return _tree_add(builder, [_maddubs_ir(builder, q, x, n) for q, x in zip(qs, xs)])
 
 
 def _make_vdot(bits):

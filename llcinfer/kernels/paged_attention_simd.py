@@ -25,8 +25,11 @@ from .jit import kernel
 from .simd import VTag, addr, elt_kind, lane_mask_ir, load_as_f32, prefetch_ir, splat_ir, vlanes, vloadf, vsplat, vstore
 from .simd_math import fma_ir, vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
 
-# key blocks ahead, prefetched one line per step of _qk_t's loop (spread: 1.65x faster from DRAM
-# than a burst of the whole block at its start, SmolLM2 shapes, 1 thread)
+# key blocks ahead, prefetched spread over the work on a block: its K^T along the first QK
+# pass (a line per step of _qk_t's loop), its V along the P V calls (a line per key).  Both
+# along the first QK pass (the layout before) took 1.2-1.5x the time on this Zen 3 host, an
+# eviction stream between layers (Qwen2.5-0.5B / SmolLM2 shapes, 4096 keys, 1 thread); a
+# burst of the whole block at its start was slower still.  4 blocks ahead: no change.
 _PREFETCH = 2
 _NEG = np.float32(-1e30)  # "minus infinity" that stays finite under fastmath (ninf)
 
@@ -87,7 +90,7 @@ QK_HEADS = {16: 8, 8: 4}
 
 
 @intrinsic
-def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt, pool):
+def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pf, vt, pool):
     """Scores of gb query heads against nkv (1 or 2) vectors of W keys stored transposed:
     lane j of head g's v-th result = sum_{d < nd} q[g, d] * K^T[d, v W + j], stored at
     sa + (g * sstride + v W) floats; keys v W + j >= nk get _NEG.
@@ -97,10 +100,10 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt
     and each broadcast q[g, d] serves the nkv key vectors; with fewer than 8 accumulators
     two chains (even and odd d) hide the FMA latency.
 
-    pfa, pfb (addresses, 0: none): two streams prefetched along, the bytes this call
-    reads from K (2 * kstride per step of the d loop) at each: the K^T and V of a block
-    ahead arrive spread over the loop instead of in one burst of misses."""
-    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb), vt, pool)
+    pf (address, 0: none): a stream prefetched along, as many bytes per step of the d loop
+    as this call reads from K (2 * kstride): the K^T of a block ahead arrives spread over
+    the loop instead of in one burst of misses."""
+    t = _typed((qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pf), vt, pool)
     if t is None:
         return None
     W, EK = t
@@ -109,8 +112,8 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt
 
     def codegen(context, builder, sig, args):
         i64, f32 = ir.IntType(64), ir.FloatType()
-        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_, nkv_, pfa_, pfb_ = [
-            context.cast(builder, a, ty, types.int64) for a, ty in zip(args[:11], sig.args[:11])]
+        qa_, ka_, ks_, nk_, nd_, sa_, ss_, gb_, nkv_, pf_ = [
+            context.cast(builder, a, ty, types.int64) for a, ty in zip(args[:10], sig.args[:10])]
         vty = ir.VectorType(f32, W)
         step = builder.shl(ks_, ir.Constant(i64, 1))  # bytes of K^T per loop step
         last = builder.sub(step, ir.Constant(i64, 1))
@@ -124,11 +127,10 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt
             for slot in (x for ch in chains for row in ch for x in row):
                 builder.store(ir.Constant(vty, None), slot)
             with cgutils.for_range(builder, builder.ashr(nd_, ir.Constant(i64, 1))) as loop:
-                with builder.if_then(builder.icmp_signed("!=", pfa_, ir.Constant(i64, 0)), likely=True):
+                with builder.if_then(builder.icmp_signed("!=", pf_, ir.Constant(i64, 0)), likely=True):
                     off = builder.mul(loop.index, step)
-                    for base in (pfa_, pfb_):  # first and last byte of the step's span (f32: 2 lines)
-                        for at in (off, builder.add(off, last)):
-                            prefetch_ir(builder, builder.inttoptr(builder.add(base, at), ir.IntType(8).as_pointer()))
+                    for at in (off, builder.add(off, last)):  # first and last byte of the step's span (f32: 2 lines)
+                        prefetch_ir(builder, builder.inttoptr(builder.add(pf_, at), ir.IntType(8).as_pointer()))
                 for c in range(2):
                     d = builder.add(builder.shl(loop.index, ir.Constant(i64, 1)), ir.Constant(i64, c))
                     krow = builder.gep(kbase, [builder.mul(d, ks_)])
@@ -158,19 +160,22 @@ def _qk_t(typingctx, qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt
         _switch_ir(builder, nkv_, {2: lambda: by_heads(2)}, lambda: by_heads(1))
         return context.get_dummy_value()
 
-    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pfa, pfb, vt, pool), codegen
+    return types.none(qa, ka, kstride, nk, nd, sa, sstride, gb, nkv, pf, vt, pool), codegen
 
 
 @intrinsic
-def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool):
+def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, pf, vt, pool):
     """acc[g, :] = acc[g, :] * corr[g] + sum_{j < nk} p[g, j] * v[j, :] for gb heads, over
     nc vectors of columns.
 
     acc rows (f32) at aa and value rows (elements as ``pool``'s) at va, both ``ld``
     elements apart; p rows at pa + g * pstride floats; corr[g] at ca.  The accumulators of
     the group stay in registers over the keys; each value vector is widened once for all
-    its heads."""
-    t = _typed((aa, pa, pstride, ca, va, ld, nk, nc, gb), vt, pool)
+    its heads.
+
+    pf (address, 0: none): the line at pf + j * (ld elements) is prefetched at key j (one
+    line of each V row of a block ahead, spread over the keys)."""
+    t = _typed((aa, pa, pstride, ca, va, ld, nk, nc, gb, pf), vt, pool)
     if t is None:
         return None
     W, EK = t
@@ -178,8 +183,9 @@ def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool):
 
     def codegen(context, builder, sig, args):
         i64, f32 = ir.IntType(64), ir.FloatType()
-        vals = [context.cast(builder, a, ty, types.int64) for a, ty in zip(args[:9], sig.args[:9])]
+        vals = [context.cast(builder, a, ty, types.int64) for a, ty in zip(args[:10], sig.args[:10])]
         vty = ir.VectorType(f32, W)
+        pf_ = vals[9]
 
         def emit(NC, GB, a):
             aa_, pa_, ps_, ca_, va_, ld_, nk_ = a
@@ -200,6 +206,9 @@ def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool):
                     slots.append(slot)
             with cgutils.for_range(builder, nk_) as loop:
                 j = loop.index
+                with builder.if_then(builder.icmp_signed("!=", pf_, ir.Constant(i64, 0)), likely=True):
+                    prefetch_ir(builder, builder.inttoptr(builder.add(pf_, builder.mul(j, row_b)),
+                                                          ir.IntType(8).as_pointer()))
                 row = builder.gep(vbase, [builder.mul(j, row_b)])
                 vv = [load_as_f32(builder, builder.gep(row, [ir.Constant(i64, ci * W * esize)]), W, EK)
                       for ci in range(NC)]
@@ -219,7 +228,7 @@ def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool):
                                                       None, None], PV_COLS[W])
         return context.get_dummy_value()
 
-    return types.none(aa, pa, pstride, ca, va, ld, nk, nc, gb, vt, pool), codegen
+    return types.none(aa, pa, pstride, ca, va, ld, nk, nc, gb, pf, vt, pool), codegen
 
 
 @kernel
@@ -236,7 +245,8 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     K, each broadcast query value serving two key vectors), the online softmax on those
     vectors (vector exp), then ``_pv``.  K and V are read straight from the pool and
     widened in registers; V rows go in passes of PV_COLS (2, 1) vectors, the G heads in
-    groups of up to 4; the block _PREFETCH ahead is prefetched.
+    groups of up to 4; the block _PREFETCH ahead is prefetched along (K^T in the first QK
+    pass, V in the P V calls).
     Needs bs a multiple of W and D a multiple of W (``_task`` checks).
 
     The softmax exponentiates with the running max before this block's max is known and
@@ -280,19 +290,26 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     kv0 = addr(pool) + (layer * KVH + kvh) * pool.shape[0] * blk_b  # this (layer, head)'s K in block 0
     v_off = kv_b  # V rows follow the block's K^T
     qa, sa, aa, ca, rsa = addr(qs), addr(sbuf), addr(acc), addr(corr), addr(rsv)
+    n_pv = 0  # P V calls per block
+    c0 = 0
+    while c0 < nv:
+        c0 += _pass_width(nv - c0, pv_cols)
+        n_pv += 1
+    n_pv *= n_groups
+    v_lines = (row_b + 63) // 64  # cache lines per V row
+    pf_every = max(1, n_pv // v_lines)  # V of the block ahead: spread over the P V calls
     for b in range(b0, b1):
         kb = kv0 + np.int64(table[b]) * blk_b
         n_valid = min(bs, t_end - b * bs)
-        # K and V of the block _PREFETCH ahead, towards L2, spread over the first QK pass
+        # K and V of the block _PREFETCH ahead, towards L2: K^T along the first QK pass, V along P V
         nxt = kv0 + np.int64(table[b + _PREFETCH]) * blk_b if b + _PREFETCH < b1 else 0
         for gi in range(n_qk):
             g0 = gi * G // n_qk
             gn = (gi + 1) * G // n_qk - g0
+            pf_k = nxt if gi == 0 else 0  # the K^T of the block ahead along the first pass
             for ch in range(0, n_valid, 2 * W):  # two key vectors per pass over K^T
-                first = gi == 0 and ch == 0
                 _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, n_valid - ch, D, sa + (g0 * SW + ch) * 4, SW,
-                      gn, 2 if n_valid - ch > W else 1, nxt if first else 0, nxt + v_off if first and nxt else 0,
-                      vt, pool)
+                      gn, 2 if n_valid - ch > W else 1, pf_k if ch == 0 else 0, vt, pool)
         for g in range(G):
             so = sa + g * SW * 4
             ra = rsa + g * W * 4
@@ -321,15 +338,20 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
                 rs = vadd(rs, p)
             vstore(ra, 0, rs)
         vb = kb + v_off
+        k = 0  # P V call of this block
         for gi in range(n_groups):
             g0 = gi * G // n_groups
             gn = (gi + 1) * G // n_groups - g0
             c0 = 0
             while c0 < nv:
                 nc = _pass_width(nv - c0, pv_cols)
+                pf = 0  # every pf_every-th call: one line of each V row of the block ahead
+                if nxt != 0 and k % pf_every == 0 and k // pf_every < v_lines:
+                    pf = nxt + v_off + (k // pf_every) * 64
                 _pv(aa + (g0 * D + c0 * W) * 4, sa + g0 * SW * 4, SW, ca + g0 * 4, vb + c0 * W * esz, D, n_valid,
-                    nc, gn, vt, pool)
+                    nc, gn, pf, vt, pool)
                 c0 += nc
+                k += 1
     for g in range(G):
         pmax[task, g] = rmax[g]
         psum[task, g] = vhsum(vloadf(rsa, g * W * 4, vt))

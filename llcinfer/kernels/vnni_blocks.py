@@ -9,8 +9,25 @@ import numpy as np
 
 from .jit import inline_kernel, kernel
 from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q8_0
-from .simd import ldf, ldi, prefetch_l1, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
+from .simd import ldf, ldi, prefetch_l1, prefetch_l2, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
 from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
+
+
+# Bytes ahead of the weight stream prefetched along a one-row loop (decode), for the 32-value
+# types and Q6_K.  On this Zen 3 host (2 vCPUs, about 15 GB/s from DRAM to one core) the
+# hardware prefetchers kept too few lines in flight: weights from DRAM, 1 thread, alternating
+# (perf/ab_kernels.py matvec): Q8_0 0.80x the time, Q5_0 0.77x, Q6_K 0.84-0.95x; 2 threads
+# 0.88 / 0.85 / 1.00.  512 or 2048 bytes ahead: slower than 1024.  Q4_K gained nothing
+# (0.99x at 1 thread, 1.07x at 2) and goes without.
+W_AHEAD = 1024
+
+
+@inline_kernel
+def _w_ahead(wa, o, bs):
+    """Prefetch towards L2 the bs bytes of weights W_AHEAD past offset o of the group at wa
+    (a line per 64 bytes; past a group's end lie the next group's)."""
+    for i in range(0, bs, 64):
+        prefetch_l2(wa, o + W_AHEAD + i)
 
 
 @kernel
@@ -116,6 +133,7 @@ def run32_1(qt, wa, xa, xda, xsa, K, m, tag):
     acc = vzero_f(tag)
     for b in range(nb):
         o = b * bs
+        _w_ahead(wa, o, bs)
         qs = dec32(qt, wa, o, tag)
         acc = _acc32(qt, wa, o, qs, xr, ldf(xda, m * nb + b), ldi(xsa, m * nb + b), 32 * b, acc, tag)
     return acc
@@ -272,6 +290,7 @@ def runk6_1(wa, xa, xda, xsa, K, m, tag):
     for b in range(nb):
         o = b * bs
         _x_ahead(xr, xsr, b + 1)
+        _w_ahead(wa, o, bs)
         isum = vzero_i(tag)
         for c in range(8):
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)

@@ -1,0 +1,164 @@
+"""One kernel of two llcinfer source trees in one process, alternating: new / old time.
+
+    python perf/ab_kernels.py attention --old HEAD --new worktree --model qwen2.5-0.5b --ctx 4096
+    python perf/ab_kernels.py attention --model smollm2 --ctx 4096 --evict-mb 0 -r 40
+    python perf/ab_kernels.py matvec --old HEAD --types Q8_0 Q5_0 --threads 1 2
+
+The trees are materialised as perf/ab_trees.py does (``$LLCINFER_HOME/ab/ab_old``,
+``ab_new``); both compute on the same data (the results must match) and run old, new,
+new, old, ...; the figure is the median of the per-pair ratios new / old, with quartiles.
+
+attention: decode attention of one query row over ``ctx`` keys for every layer of the
+model's shapes (f16 KV pool, one thread, the SIMD path), timed per layer call; between two
+layers a read of ``--evict-mb`` MiB (what the weights stream through the caches in a decode
+step) so that, as in the engine, each layer's K/V come from DRAM.
+
+matvec: M = 1 products of repacked random weights with the catalog models' row lengths and
+enough rows (about 70-145 MB) that the weights come from DRAM, on ``--threads`` threads;
+GB/s = packed bytes / median time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "perf"))
+
+from ab_trees import materialise, quartiles  # noqa: E402
+
+ATTN_SHAPES = {"qwen2.5-0.5b": (24, 14, 2, 64), "smollm2-135m": (30, 9, 3, 64)}  # layers, heads, kv heads, head dim
+MATVEC_SHAPES = {"Q8_0": (151936, 896), "Q5_0": (4864 * 24, 896), "Q6_K": (896 * 24, 4864), "Q4_K": (896 * 24, 4864),
+                 "Q4_1": (1536 * 60, 576), "Q4_0": (1536 * 60, 576)}
+
+
+def alternate(fns: dict, reps: int) -> tuple[float, float, float, dict]:
+    """Median, q1, q3 of new / old over reps pairs (order swapped every pair); median seconds."""
+    ratios, per = [], {"old": [], "new": []}
+    for r in range(reps):
+        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            per[name].append(fns[name]())
+        ratios.append(per["new"][-1] / per["old"][-1])
+    return (*quartiles(ratios), {k: float(np.median(v)) for k, v in per.items()})
+
+
+def attention(mods, args) -> None:
+    model = next((m for m in ATTN_SHAPES if m.startswith(args.model)), None)
+    if model is None:
+        sys.exit(f"error: unknown attention shapes {args.model!r} (of {', '.join(ATTN_SHAPES)})")
+    L, H, KVH, D = ATTN_SHAPES[model]
+    bs, ctx = 16, args.ctx
+    kv = mods["old"]["kv"]
+    pool = kv.KVPool(L, KVH, D, bs, -(-ctx // bs) + 1, "f16", budget_bytes=16 << 30)
+    seq = kv.PagedSequence(pool, ctx + bs, None, "ab")
+    seq.n_tokens = ctx
+    rng = np.random.default_rng(0)
+    for b in seq.table[:seq.n_blocks]:
+        pool.data[b] = rng.standard_normal(pool.data.shape[1], dtype=np.float32).astype(np.float16).view(np.uint16)
+    table = seq.table[:seq.n_blocks]
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(D))
+    evict = np.ones(max(1, args.evict_mb << 17))  # [n] f64, read between layers
+    outs = {name: np.empty_like(q) for name in mods}
+
+    def token(name):
+        pa = mods[name]["paged_attention"]
+        tag, lut, out = pa.attention_tag(args.isa), mods[name]["tables"].F16_TO_F32, outs[name]
+        t = 0.0
+        for layer in range(L):
+            if args.evict_mb:
+                evict.sum()
+            t0 = time.perf_counter()
+            pa.paged_attention_serial(q, pool.data, pool.data_f32, lut, pool.kind, pool.group, pool.scale_offset,
+                                      table, layer, KVH, bs, ctx - 1, scale, 1, out, tag)
+            t += time.perf_counter() - t0
+        return t
+
+    for name in mods:
+        token(name)
+    diff = float(np.abs(outs["old"] - outs["new"]).max())
+    if diff > 1e-4:
+        sys.exit(f"error: the trees' attention outputs differ by {diff:.3g}")
+    med, q1, q3, t = alternate({name: (lambda name=name: token(name)) for name in mods}, args.reps)
+    print(f"attention {model} ctx {ctx} evict {args.evict_mb} MiB: old {1e3 * t['old']:.2f} ms, "
+          f"new {1e3 * t['new']:.2f} ms; new/old {med:.3f} (q1 {q1:.3f}, q3 {q3:.3f}; {args.reps} pairs)", flush=True)
+
+
+def matvec(mods, args) -> None:
+    from kernel_bench import QT, random_quant_bytes
+
+    lanes = 16 if args.isa == "avx512vnni" else 8
+    rng = np.random.default_rng(0)
+    for threads in args.threads:
+        for qname in args.types:
+            if qname not in MATVEC_SHAPES:
+                sys.exit(f"error: unknown type {qname!r} (of {', '.join(MATVEC_SHAPES)})")
+            N, K = MATVEC_SHAPES[qname]
+            qt = int(QT[qname])
+            old = mods["old"]
+            packed = old["repack"].repack(random_quant_bytes(rng, qname, N, K), qt, K, lanes)
+            kind = old["act_quant"].ACT_Q8_K if qname in ("Q4_K", "Q6_K") else old["act_quant"].ACT_Q8_0
+            qx, dx, sx = old["act_quant"].quantize_activations_int(rng.standard_normal((1, K)).astype(np.float32), kind)
+            ys, fns = {}, {}
+            for name, mod in mods.items():
+                mod["jit"].set_threads(threads)
+                tag, ys[name] = mod["simd"].make_tag(args.isa), np.empty((1, N), np.float32)
+
+                def run(mod=mod, tag=tag, y=ys[name]):
+                    t0 = time.perf_counter()
+                    mod["vnni_matmul"].vnni_matmul(qx, dx, sx, packed, qt, y, tag)
+                    return time.perf_counter() - t0
+
+                fns[name] = run
+                run()
+            if not np.array_equal(ys["old"], ys["new"]):
+                sys.exit(f"error: the trees' {qname} products differ")
+            med, q1, q3, t = alternate(fns, args.reps)
+            gb = packed.nbytes / 1e9
+            print(f"matvec {qname} {N}x{K} t={threads}: old {gb / t['old']:.2f} GB/s, new {gb / t['new']:.2f} GB/s; "
+                  f"new/old {med:.3f} (q1 {q1:.3f}, q3 {q3:.3f}; {args.reps} pairs)", flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kernel", choices=("attention", "matvec"))
+    ap.add_argument("--old", default="HEAD", help="git revision or 'worktree'")
+    ap.add_argument("--new", default="worktree", help="git revision or 'worktree'")
+    ap.add_argument("--isa", default="avx2", help="the SIMD path both trees run")
+    ap.add_argument("-r", "--reps", type=int, default=15)
+    ap.add_argument("--model", default="qwen2.5-0.5b", help=f"attention shapes: {', '.join(ATTN_SHAPES)} (prefixes work)")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--evict-mb", type=int, default=14)
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q5_0", "Q6_K", "Q4_K"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1])
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from llcinfer.catalog import llcinfer_home
+
+    trees_dir = llcinfer_home() / "ab"
+    trees_dir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(trees_dir))
+    mods = {}
+    for name, tree in (("old", args.old), ("new", args.new)):
+        materialise(tree, trees_dir, f"ab_{name}")
+        mods[name] = {m: importlib.import_module(f"ab_{name}.{p}{m}") for p, m in
+                      (("kernels.", "paged_attention"), ("kernels.", "tables"), ("", "kv"), ("kernels.", "repack"),
+                       ("kernels.", "act_quant"), ("kernels.", "simd"), ("kernels.", "jit"), ("kernels.", "vnni_matmul"))}
+    (attention if args.kernel == "attention" else matvec)(mods, args)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:  # a bad revision, as ab_trees reports it
+        import subprocess
+
+        if isinstance(exc, subprocess.CalledProcessError):
+            sys.exit(f"error: {' '.join(exc.cmd[:5])}: {exc.stderr.decode(errors='replace').strip().splitlines()[-1]}")
+        raise

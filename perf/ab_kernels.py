@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "perf"))
 
-from ab_trees import materialise, quartiles  # noqa: E402
+from ab_trees import prepare_trees, quartiles  # noqa: E402
 
 ATTN_SHAPES = {"qwen2.5-0.5b": (24, 14, 2, 64), "smollm2-135m": (30, 9, 3, 64)}  # layers, heads, kv heads, head dim
 MATVEC_SHAPES = {"Q8_0": (151936, 896), "Q5_0": (4864 * 24, 896), "Q6_K": (896 * 24, 4864), "Q4_K": (896 * 24, 4864),
@@ -138,15 +139,11 @@ def main(argv=None) -> None:
     ap.add_argument("--types", nargs="+", default=["Q8_0", "Q5_0", "Q6_K", "Q4_K"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from llcinfer.catalog import llcinfer_home
-
-    trees_dir = llcinfer_home() / "ab"
-    trees_dir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(trees_dir))
+    if min(args.ctx, args.reps, *args.threads) < 1 or args.evict_mb < 0:
+        ap.error("--ctx, --reps and --threads must be at least 1, --evict-mb at least 0")
+    prepare_trees({"old": args.old, "new": args.new})
     mods = {}
-    for name, tree in (("old", args.old), ("new", args.new)):
-        materialise(tree, trees_dir, f"ab_{name}")
+    for name in ("old", "new"):
         mods[name] = {m: importlib.import_module(f"ab_{name}.{p}{m}") for p, m in
                       (("kernels.", "paged_attention"), ("kernels.", "tables"), ("", "kv"), ("kernels.", "repack"),
                        ("kernels.", "act_quant"), ("kernels.", "simd"), ("kernels.", "jit"), ("kernels.", "vnni_matmul"))}
@@ -156,9 +153,5 @@ def main(argv=None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as exc:  # a bad revision, as ab_trees reports it
-        import subprocess
-
-        if isinstance(exc, subprocess.CalledProcessError):
-            sys.exit(f"error: {' '.join(exc.cmd[:5])}: {exc.stderr.decode(errors='replace').strip().splitlines()[-1]}")
-        raise
+    except subprocess.CalledProcessError as exc:  # git archive of an unknown revision, as ab_trees reports it
+        sys.exit(f"error: {' '.join(exc.cmd[:5])}: {exc.stderr.decode(errors='replace').strip().splitlines()[-1]}")

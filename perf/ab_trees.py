@@ -50,6 +50,18 @@ def materialise(tree: str, dest: Path, name: str) -> Path:
     return target
 
 
+def prepare_trees(trees: dict) -> None:
+    """Materialise {name: tree} as packages ab_<name> under $LLCINFER_HOME/ab, importable."""
+    sys.path.insert(0, str(ROOT))
+    from llcinfer.catalog import llcinfer_home
+
+    trees_dir = llcinfer_home() / "ab"
+    trees_dir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(trees_dir))
+    for name, tree in trees.items():
+        materialise(tree, trees_dir, f"ab_{name}")
+
+
 def quartiles(xs) -> tuple[float, float, float]:
     return tuple(float(v) for v in np.percentile(xs, [50, 25, 75]))
 
@@ -87,15 +99,8 @@ def main(argv=None) -> None:
                     help="which tree loads its model and KV pool first; both: each once (see below)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from llcinfer.catalog import llcinfer_home
-
-    trees_dir = llcinfer_home() / "ab"
-    trees_dir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(trees_dir))
     trees = {"old": args.old, "new": args.new}
-    for name, tree in trees.items():
-        materialise(tree, trees_dir, f"ab_{name}")
+    prepare_trees(trees)
     ours = {name: importlib.import_module(f"ab_{name}.bench.ours") for name in trees}
     n_ctx = max(args.depth) + args.n + 64
     rows = []

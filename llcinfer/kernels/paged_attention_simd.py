@@ -27,7 +27,7 @@ from .simd_math import fma_ir, vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
 
 # key blocks ahead, prefetched spread over the work on a block: its K^T along the first QK
 # pass (a line per step of _qk_t's loop), its V along the P V calls (a line per key).  Both
-# along the first QK pass (the layout before) took 1.2-1.5x the time on this Zen 3 host, an
+# along the first QK pass (the layout before) took 1.1-1.5x the time on this Zen 3 host, an
 # eviction stream between layers (Qwen2.5-0.5B / SmolLM2 shapes, 4096 keys, 1 thread); a
 # burst of the whole block at its start was slower still.  4 blocks ahead: no change.
 _PREFETCH = 2

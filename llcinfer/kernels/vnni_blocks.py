@@ -18,7 +18,7 @@ from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfm
 # hardware prefetchers kept too few lines in flight: weights from DRAM, 1 thread, alternating
 # (perf/ab_kernels.py matvec): Q8_0 0.80x the time, Q5_0 0.77x, Q6_K 0.84-0.95x; 2 threads
 # 0.88 / 0.85 / 1.00.  512 or 2048 bytes ahead: slower than 1024.  Q4_K gained nothing
-# (0.99x at 1 thread, 1.07x at 2) and goes without.
+# (0.99x at 1 thread, 1.07x at 2) and goes without.  Measured on AVX2 (8-row groups) only.
 W_AHEAD = 1024
 
 

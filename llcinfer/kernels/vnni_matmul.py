@@ -20,9 +20,10 @@ vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed byt
 
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded
 once and fed to the 4 rows' accumulators; the rest one at a time.  A group's weights stay
-in L1/L2 while every row of x passes over them.  The one-row loops (decode) prefetch the weight stream
-``vnni_blocks.W_AHEAD`` bytes ahead (groups are contiguous, so past a group lies the next).  The loops over one group, per weight
-type, are in vnni_blocks.py; this module holds the drivers.
+in L1/L2 while every row of x passes over them.  The one-row loops (decode) prefetch the
+weight stream ``vnni_blocks.W_AHEAD`` bytes ahead (groups are contiguous, so past a group
+lies the next).  The loops over one group, per weight type, are in vnni_blocks.py; this
+module holds the drivers.
 """
 
 from numba import prange

@@ -98,6 +98,13 @@ def probe_gbs(nbytes: int, isa: str) -> float:
 
 
 def bench_one(qname, N, K, isa, M, rng):
+    fn, nbytes, extra = make_call(qname, N, K, isa, M, rng)
+    return _median_time(fn), nbytes, extra
+
+
+def make_call(qname, N, K, isa, M, rng):
+    """(fn, weight bytes it reads, extra): fn() runs the M x K by K x N product of random
+    weights of type qname on the path isa (repacked for the SIMD paths)."""
     q = int(QT[qname])
     raw = random_quant_bytes(rng, qname, N, K)
     kind = ACT_Q8_K if qname in ("Q4_K", "Q6_K") else ACT_Q8_0
@@ -116,8 +123,7 @@ def bench_one(qname, N, K, isa, M, rng):
         tag = make_tag(isa)
         fn = lambda: vnni_matmul(qx, dx, sx, p, q, y, tag)  # noqa: E731
         nbytes = p.nbytes
-    t = _median_time(fn)
-    return t, nbytes, extra
+    return fn, nbytes, extra
 
 
 def main(argv=None):

@@ -222,7 +222,8 @@ def test_lane_logic_of_both_widths(width_isa, H, KVH, D, bs):
     """The 16-lane and the 8-lane task on any CPU (attention emits plain LLVM vectors: on a
     CPU without AVX-512 the 16-lane code is split into halves, its logic unchanged), in
     blocks of 1, 2 and 4 key vectors per pass: ``_qk_t``'s one- and two-vector loops with
-    their masks, ``_pv``'s passes of 4 and 2 V vectors for groups of up to 4 heads."""
+    their masks, ``_pv``'s passes of 4 and 2 (16 lanes) or 3 and 2 (8 lanes) V vectors for
+    groups of up to 4 heads."""
     case = Case(H, KVH, D, 301, "f16", bs, seed=zlib.crc32(f"{width_isa}{H}{bs}".encode()))
     scale = np.float32(1 / np.sqrt(D))
     for n_past, M in ((0, 1), (8, 1), (20, 1), (31, 1), (50, 2), (298, 3)):

@@ -65,8 +65,8 @@ def _heads_ir(builder, emit, nc, gb, args, head_steps, ncmax):
         _switch_ir(builder, gb, {g: (lambda g=g: emit(ncmax, g, args)) for g in (1, 2, 3)},
                    lambda: emit(ncmax, 4, args))
 
-    def three_wide():  # groups of at most 3 heads: 9 accumulators
-        _switch_ir(builder, gb, {g: (lambda g=g: emit(3, g, args)) for g in (1, 2, 3)}, lambda: one_by_one(3))
+    def three_wide():  # groups of at most 4 heads: up to 12 accumulators
+        _switch_ir(builder, gb, {g: (lambda g=g: emit(3, g, args)) for g in (1, 2, 3, 4)}, lambda: one_by_one(3))
 
     cases = {ncmax: by_heads}  # ncmax is 4 or 2
     if ncmax == 4:
@@ -86,11 +86,12 @@ def _typed(ints, vt, arr):
 
 
 # vectors of V columns per _pv pass for a group of up to 4 heads, by vector width: 4 x
-# PV_COLS accumulators, the V vectors and a broadcast fit in the registers.  A group of at
-# most 3 heads on AVX2 takes 3 (_group_cols): 9 accumulator chains instead of 6, more than
-# the FMA latency x throughput (8) asks; SmolLM2's 3 heads, 4096 keys, 1 thread: 0.95-0.96x
-# the time of 2 per pass (perf/ab_kernels.py attention, from DRAM or not); 4 per pass
-# (12 accumulators) was slower, 1.06x
+# PV_COLS accumulators, the V vectors and a broadcast fit in the registers.  On AVX2 a
+# group takes 3 (_group_cols): 4 heads x 3 = 12 accumulators, 3 V vectors and a broadcast
+# fill the 16 ymm, and 3 heads get 9 accumulator chains instead of 6 (more than the FMA
+# latency x throughput, 8, asks).  4096 keys, 1 thread, against 2 per pass (perf/
+# ab_kernels.py attention): SmolLM2's 3 heads 0.95x the time from DRAM, 0.96x from cache;
+# Qwen2.5-0.5B's 4 + 3 0.93x / 0.96x; 4 per pass for 3 heads was slower, 1.06x
 PV_COLS = {16: 4, 8: 2}
 # heads per _qk_t call by vector width: their accumulators (gmax x 2 key vectors, or two
 # chains of gmax x 1), the key vectors and a broadcast fit in the registers (32 zmm; 16 ymm
@@ -248,9 +249,9 @@ def _pass_width(left, most):
 
 @kernel
 def _group_cols(pv_cols, gn):
-    """Vectors per P V pass for a group of gn heads: PV_COLS, or 3 on AVX2 (16 ymm) for at
-    most 3 heads (9 accumulators, 3 V vectors, a broadcast)."""
-    return 3 if pv_cols == 2 and gn <= 3 else pv_cols
+    """Vectors per P V pass for a group of gn heads: PV_COLS, or 3 on AVX2 (16 ymm; groups
+    have at most 4 heads: 12 accumulators, 3 V vectors, a broadcast)."""
+    return 3 if pv_cols == 2 and gn <= 4 else pv_cols
 
 
 @kernel
@@ -293,7 +294,7 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     # P V: heads in groups of at most 4, each V vector widened once per group.  Measured
     # (in-cache, zmm): SmolLM2's 3 heads at once 1.1x faster than 2 + 1; Qwen2.5-0.5B's
     # 4 + 3 as fast as 2 + 2 + 2 + 1, and all 7 at once 0.6-0.8x (spills).  On AVX2 (16
-    # ymm) a group of 4 heads takes 2 V vectors per pass (8 accumulators), of 3 heads 3
+    # ymm) a group takes 3 V vectors per pass (_group_cols)
     gmax = 4
     pv_cols = 4 if W == 16 else 2  # PV_COLS[W]
     n_groups = (G + gmax - 1) // gmax

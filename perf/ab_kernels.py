@@ -9,7 +9,8 @@ The trees are materialised as perf/ab_trees.py does (``$LLCINFER_HOME/ab/ab_old`
 new, old, ...; the figure is the median of the per-pair ratios new / old, with quartiles.
 
 attention: decode attention of one query row over ``ctx`` keys for every layer of the
-model's shapes (f16 KV pool, one thread, the SIMD path), timed per layer call; between two
+model's shapes (f16 KV pool, the SIMD path; the first of ``--threads``: 1 runs the serial
+loop, more the thread pool, as ``paged_attention`` dispatches), timed per layer call; between two
 layers a read of ``--evict-mb`` MiB (what the weights stream through the caches in a decode
 step) so that, as in the engine, each layer's K/V come from DRAM.
 
@@ -68,16 +69,19 @@ def attention(mods, args) -> None:
     evict = np.ones(max(1, args.evict_mb << 17))  # [n] f64, read between layers
     outs = {name: np.empty_like(q) for name in mods}
 
+    threads = args.threads[0]
+
     def token(name):
         pa = mods[name]["paged_attention"]
-        tag, lut, out = pa.attention_tag(args.isa), mods[name]["tables"].F16_TO_F32, outs[name]
+        lut, out = mods[name]["tables"].F16_TO_F32, outs[name]
+        mods[name]["jit"].set_threads(threads)
         t = 0.0
         for layer in range(L):
             if args.evict_mb:
                 evict.sum()
             t0 = time.perf_counter()
-            pa.paged_attention_serial(q, pool.data, pool.data_f32, lut, pool.kind, pool.group, pool.scale_offset,
-                                      table, layer, KVH, bs, ctx - 1, scale, 1, out, tag)
+            pa.paged_attention(q, pool.data, pool.data_f32, lut, pool.kind, pool.group, pool.scale_offset, table,
+                               layer, KVH, bs, ctx - 1, scale, out, threads, args.isa)
             t += time.perf_counter() - t0
         return t
 
@@ -87,7 +91,7 @@ def attention(mods, args) -> None:
     if diff > 1e-4:
         sys.exit(f"error: the trees' attention outputs differ by {diff:.3g}")
     med, q1, q3, t = alternate({name: (lambda name=name: token(name)) for name in mods}, args.reps)
-    print(f"attention {model} ctx {ctx} evict {args.evict_mb} MiB: old {1e3 * t['old']:.2f} ms, "
+    print(f"attention {model} ctx {ctx} t={threads} evict {args.evict_mb} MiB: old {1e3 * t['old']:.2f} ms, "
           f"new {1e3 * t['new']:.2f} ms; new/old {med:.3f} (q1 {q1:.3f}, q3 {q3:.3f}; {args.reps} pairs)", flush=True)
 
 

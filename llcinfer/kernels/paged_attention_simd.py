@@ -61,18 +61,12 @@ def _heads_ir(builder, emit, nc, gb, args, head_steps, ncmax):
             emit(NC, 1, [a if s is None else builder.add(a, builder.mul(s, loop.index))
                          for a, s in zip(args, head_steps)])
 
-    def by_heads():
-        _switch_ir(builder, gb, {g: (lambda g=g: emit(ncmax, g, args)) for g in (1, 2, 3)},
-                   lambda: emit(ncmax, 4, args))
+    def by_heads(NC):
+        _switch_ir(builder, gb, {g: (lambda g=g: emit(NC, g, args)) for g in (1, 2, 3)},
+                   lambda: emit(NC, 4, args))
 
-    def three_wide():  # groups of at most 4 heads: up to 12 accumulators
-        _switch_ir(builder, gb, {g: (lambda g=g: emit(3, g, args)) for g in (1, 2, 3, 4)}, lambda: one_by_one(3))
-
-    cases = {ncmax: by_heads}  # ncmax is 4 or 2
-    if ncmax == 4:
-        cases[2] = lambda: one_by_one(2)
-    else:
-        cases[3] = three_wide
+    # ncmax is 4 (zmm; 2-vector tails one head at a time) or 3 (ymm; 2-vector tails unrolled)
+    cases = {ncmax: lambda: by_heads(ncmax), 2: (lambda: one_by_one(2)) if ncmax == 4 else (lambda: by_heads(2))}
     _switch_ir(builder, nc, cases, lambda: one_by_one(1))
 
 
@@ -86,13 +80,13 @@ def _typed(ints, vt, arr):
 
 
 # vectors of V columns per _pv pass for a group of up to 4 heads, by vector width: 4 x
-# PV_COLS accumulators, the V vectors and a broadcast fit in the registers.  On AVX2 a
-# group takes 3 (_group_cols): 4 heads x 3 = 12 accumulators, 3 V vectors and a broadcast
-# fill the 16 ymm, and 3 heads get 9 accumulator chains instead of 6 (more than the FMA
-# latency x throughput, 8, asks).  4096 keys, 1 thread, against 2 per pass (perf/
-# ab_kernels.py attention): SmolLM2's 3 heads 0.95x the time from DRAM, 0.96x from cache;
-# Qwen2.5-0.5B's 4 + 3 0.93x / 0.96x; 4 per pass for 3 heads was slower, 1.06x
-PV_COLS = {16: 4, 8: 2}
+# PV_COLS accumulators, the V vectors and a broadcast fit in the registers.  On AVX2, 3:
+# 4 heads x 3 = 12 accumulators, 3 V vectors and a broadcast fill the 16 ymm, and 3 heads
+# get 9 accumulator chains (more than the FMA latency x throughput, 8, asks; 2 per pass
+# gave them 6).  4096 keys, 1 thread, 3 against 2 per pass (perf/ab_kernels.py attention):
+# SmolLM2's 3 heads 0.95x the time from DRAM, 0.96x from cache; Qwen2.5-0.5B's 4 + 3
+# 0.93x / 0.96x; 4 per pass for 3 heads was slower, 1.06x
+PV_COLS = {16: 4, 8: 3}
 # heads per _qk_t call by vector width: their accumulators (gmax x 2 key vectors, or two
 # chains of gmax x 1), the key vectors and a broadcast fit in the registers (32 zmm; 16 ymm
 # on AVX2)
@@ -243,15 +237,8 @@ def _pv(typingctx, aa, pa, pstride, ca, va, ld, nk, nc, gb, pf, vt, pool):
 
 @kernel
 def _pass_width(left, most):
-    """Vectors per row pass: ``most`` (4, 3 or 2) while that many are left, then 2, then 1."""
+    """Vectors per row pass: ``most`` (4 or 3) while that many are left, then 2, then 1."""
     return most if left >= most else (2 if left >= 2 else 1)
-
-
-@kernel
-def _group_cols(pv_cols, gn):
-    """Vectors per P V pass for a group of gn heads: PV_COLS, or 3 on AVX2 (16 ymm; groups
-    have at most 4 heads: 12 accumulators, 3 V vectors, a broadcast)."""
-    return 3 if pv_cols == 2 and gn <= 4 else pv_cols
 
 
 @kernel
@@ -261,8 +248,8 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     Per key block: scores for chunks of 2 W keys (lanes = keys, ``_qk_t`` on the transposed
     K, each broadcast query value serving two key vectors), the online softmax on those
     vectors (vector exp), then ``_pv``.  K and V are read straight from the pool and
-    widened in registers; V rows go in passes of _group_cols (4, 3 or 2, then 2, 1)
-    vectors, the G heads in groups of up to 4; the block _PREFETCH ahead is prefetched
+    widened in registers; V rows go in passes of PV_COLS (4 or 3, then 2, 1) vectors,
+    the G heads in groups of up to 4; the block _PREFETCH ahead is prefetched
     along (K^T in the first QK pass, V in the P V calls).
     Needs bs a multiple of W and D a multiple of W (``_task`` checks).
 
@@ -294,9 +281,9 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     # P V: heads in groups of at most 4, each V vector widened once per group.  Measured
     # (in-cache, zmm): SmolLM2's 3 heads at once 1.1x faster than 2 + 1; Qwen2.5-0.5B's
     # 4 + 3 as fast as 2 + 2 + 2 + 1, and all 7 at once 0.6-0.8x (spills).  On AVX2 (16
-    # ymm) a group takes 3 V vectors per pass (_group_cols)
+    # ymm) a group takes 3 V vectors per pass (PV_COLS)
     gmax = 4
-    pv_cols = 4 if W == 16 else 2  # PV_COLS[W]
+    pv_cols = 4 if W == 16 else 3  # PV_COLS[W]
     n_groups = (G + gmax - 1) // gmax
     qk_max = 8 if W == 16 else 4  # QK_HEADS[W]: the scores of up to 8 heads per pass over K
     n_qk = (G + qk_max - 1) // qk_max
@@ -308,12 +295,11 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     v_off = kv_b  # V rows follow the block's K^T
     qa, sa, aa, ca, rsa = addr(qs), addr(sbuf), addr(acc), addr(corr), addr(rsv)
     n_pv = 0  # P V calls per block
-    for gi in range(n_groups):
-        most = _group_cols(pv_cols, (gi + 1) * G // n_groups - gi * G // n_groups)
-        c0 = 0
-        while c0 < nv:
-            c0 += _pass_width(nv - c0, most)
-            n_pv += 1
+    c0 = 0
+    while c0 < nv:
+        c0 += _pass_width(nv - c0, pv_cols)
+        n_pv += 1
+    n_pv *= n_groups
     v_lines = (row_b + 63) // 64  # cache lines per V row
     pf_every = max(1, n_pv // v_lines)  # V of the block ahead: spread over the P V calls
     for b in range(b0, b1):
@@ -360,10 +346,9 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
         for gi in range(n_groups):
             g0 = gi * G // n_groups
             gn = (gi + 1) * G // n_groups - g0
-            most = _group_cols(pv_cols, gn)
             c0 = 0
             while c0 < nv:
-                nc = _pass_width(nv - c0, most)
+                nc = _pass_width(nv - c0, pv_cols)
                 pf = 0  # every pf_every-th call: one line of each V row of the block ahead
                 if nxt != 0 and k % pf_every == 0 and k // pf_every < v_lines:
                     pf = nxt + v_off + (k // pf_every) * 64

@@ -13,13 +13,30 @@ from .simd import ldf, ldi, prefetch_l1, prefetch_l2, vbcast4, vlanes, vload, vl
 from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
 
 
-# Bytes ahead of the weight stream prefetched along a one-row loop (decode), for the 32-value
-# types and Q6_K.  On this Zen 3 host (2 vCPUs, about 15 GB/s from DRAM to one core) the
-# hardware prefetchers kept too few lines in flight: weights from DRAM, 1 thread, alternating
-# (perf/ab_kernels.py matvec): Q8_0 0.80x the time, Q5_0 0.77x, Q6_K 0.84-0.95x; 2 threads
-# 0.88 / 0.85 / 1.00.  512 or 2048 bytes ahead: slower than 1024.  Q4_K gained nothing
-# (0.99x at 1 thread, 1.07x at 2) and goes without.  Measured on AVX2 (8-row groups) only.
+# Bytes ahead of the weight stream prefetched along a one-row loop (decode) of the 32-value
+# types, a block's lines at its start.  On this Zen 3 host (2 vCPUs, about 15 GB/s from DRAM
+# to one core) the hardware prefetchers kept too few lines in flight: weights from DRAM, 1
+# thread, alternating (perf/ab_kernels.py matvec): Q8_0 0.80x the time, Q5_0 0.77x; 2 threads
+# 0.88 / 0.85.  512 or 2048 bytes ahead: slower than 1024.  Measured on AVX2 (8-row groups).
 W_AHEAD = 1024
+
+
+# Bytes ahead of the weight stream prefetched along the one-row K-quant loops (Q4_K, Q6_K):
+# spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
+# of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
+# perf/overlap_ceiling.py --kernels (1 thread, weights from DRAM over the probe): Q4_K 0.67-
+# 0.76 with no prefetch, 0.76 with the burst 1 KiB ahead, 0.92-0.98 spread 2 KiB ahead; Q6_K
+# 0.73-0.82 with the burst, 0.92 spread.  Measured on AVX2 (8-row groups) only.
+K_AHEAD = 2048
+
+
+@inline_kernel
+def _w_part(wa, at, n):
+    """Prefetch towards L2 a line every 64 bytes of the n bytes at byte ``at`` of wa (n a
+    compile-time constant: the loop unrolls; a span that starts mid-line has its last line
+    fetched by the next part's first prefetch)."""
+    for i in range(0, n, 64):
+        prefetch_l2(wa, at + i)
 
 
 @inline_kernel
@@ -210,6 +227,7 @@ def runk4_1(wa, xa, xda, xsa, K, m, tag):
         isum = vzero_i(tag)
         imin = vzero_i(tag)
         for s in range(8):
+            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
             isum, imin = _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag)
         acc = _k4_end(wa, o, ldf(xda, m * nb + b), isum, imin, acc, tag)
@@ -290,9 +308,9 @@ def runk6_1(wa, xa, xda, xsa, K, m, tag):
     for b in range(nb):
         o = b * bs
         _x_ahead(xr, xsr, b + 1)
-        _w_ahead(wa, o, bs)
         isum = vzero_i(tag)
         for c in range(8):
+            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
             isum = _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag)
         acc = vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(ldf(xda, m * nb + b), tag)), acc)

@@ -54,14 +54,7 @@ def _stream(a, lo, nbytes, mask, r, ahead, tag):
     """Sum over the lines at byte offsets lo + (o & mask), o < nbytes: 4 f16 vectors per
     line added into accumulators, plus 8 r FMAs per line on them; prefetch ``ahead`` bytes on (0: none)."""
     z = vsplat(np.float32(0), tag)
-    f0 = z
-    f1 = z
-    f2 = z
-    f3 = z
-    f4 = z
-    f5 = z
-    f6 = z
-    f7 = z
+    f0 = f1 = f2 = f3 = f4 = f5 = f6 = f7 = z  # [lane] accumulators
     q = vsplat(np.float32(1e-7), tag)
     for o in range(0, nbytes, LINE):
         p = lo + (o & mask)

@@ -93,25 +93,39 @@ def _stream_threads(a, n_threads, slice_bytes, window, r, ahead, tag):
     return out.sum()
 
 
+def alternate_rates(runs: dict, reps: int, probe: ReadProbe) -> dict:
+    """Median GB/s of each run (name: (fn, bytes it reads)) and of the probe, the order
+    reversed every other repetition."""
+    names = list(runs) + ["probe"]
+    rates = {k: [] for k in names}
+    for i in range(reps):
+        for k in names if i % 2 == 0 else names[::-1]:
+            if k == "probe":
+                rates[k].append(probe.read(runs=1, min_seconds=0.1))
+                continue
+            fn, nbytes = runs[k]
+            t0 = time.perf_counter()
+            fn()
+            rates[k].append(nbytes / (time.perf_counter() - t0))
+    return {k: float(np.median(v)) / 1e9 for k, v in rates.items()}
+
+
+def rates_row(med: dict) -> dict:
+    """The cache / DRAM / probe figures of one measurement, and their ratios."""
+    c, d, p = med["cache"], med["dram"], med["probe"]
+    return {"dram_gbs": round(d, 2), "cache_gbs": round(c, 2), "probe_gbs": round(p, 2),
+            "cache_over_probe": round(c / p, 2), "dram_over_probe": round(d / p, 3)}
+
+
 def measure(buf, threads: int, r: int, ahead: int, reps: int, probe: ReadProbe, tag) -> dict:
     slice_bytes = 1 << ((buf.nbytes // threads).bit_length() - 1)  # a power of two: offsets wrap by a mask
     total = slice_bytes * threads
     _stream_threads(buf, threads, 1 << 16, WINDOW, r, ahead, tag)  # compile / warm
-    rates = {"dram": [], "cache": [], "probe": []}
-    for i in range(reps):
-        order = ["dram", "cache", "probe"] if i % 2 == 0 else ["probe", "cache", "dram"]
-        for what in order:
-            if what == "probe":
-                rates["probe"].append(probe.read(runs=1, min_seconds=0.1))
-                continue
-            t0 = time.perf_counter()
-            _stream_threads(buf, threads, slice_bytes, WINDOW if what == "cache" else 0, r, ahead, tag)
-            rates[what].append(total / (time.perf_counter() - t0))
-    med = {k: float(np.median(v)) / 1e9 for k, v in rates.items()}
-    c, p, d = med["cache"], med["probe"], med["dram"]
-    return {"threads": threads, "ahead": ahead, "fmas_per_line": 8 * r,
-            "dram_gbs": round(d, 2), "cache_gbs": round(c, 2), "probe_gbs": round(p, 2),
-            "cache_over_probe": round(c / p, 2), "dram_over_probe": round(d / p, 3),
+    med = alternate_rates({
+        "dram": (lambda: _stream_threads(buf, threads, slice_bytes, 0, r, ahead, tag), total),
+        "cache": (lambda: _stream_threads(buf, threads, slice_bytes, WINDOW, r, ahead, tag), total)}, reps, probe)
+    c, p = med["cache"], med["probe"]
+    return {"threads": threads, "ahead": ahead, "fmas_per_line": 8 * r, **rates_row(med),
             "no_overlap_over_probe": round(1 / (1 / c + 1 / p) / p, 3),
             "perfect_overlap_over_probe": round(min(c, p) / p, 3)}
 
@@ -151,9 +165,9 @@ def main(argv=None) -> int:
         ap.error("--reps, --mb and --threads must be positive, --fmas in 0..64, --ahead whole lines")
     if a.kernels and 1 not in a.threads:
         ap.error("--kernels places the kernels on the 1-thread curve: --threads must include 1")
-    if a.isa not in TAGS or a.isa not in supported_isas():
-        print(f"error: --isa {a.isa!r} is not a path this CPU runs (it runs: {', '.join(supported_isas())})",
-              file=sys.stderr)
+    simd = [i for i in supported_isas() if i in TAGS]
+    if a.isa not in simd:
+        print(f"error: --isa {a.isa!r} is not a SIMD path this CPU runs (one of: {', '.join(simd)})", file=sys.stderr)
         return 1
     tag = make_tag(a.isa)
     try:

@@ -13,7 +13,6 @@ its data sit in the caches and when they come from DRAM, 1 thread, next to the p
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +67,10 @@ def _matvec_call(qname, K, n_bytes, isa, rng):
     qx, dx, sx = quantize_activations_int(x, ACT_Q8_K if qname in ("Q4_K", "Q6_K") else ACT_Q8_0)
     y = np.empty((1, N), np.float32)
     tag = make_tag(isa)
-    keep = (p, qx, dx, sx, y)  # alive while fn is
 
-    def fn(passes):
+    def fn(passes):  # the closure keeps the arrays behind the addresses alive
         _groups(q, p.ctypes.data, p.strides[0], p.shape[0], passes, qx.ctypes.data, dx.ctypes.data,
                 sx.ctypes.data, K, y.ctypes.data, N, tag)
-        return keep
 
     return fn, p.nbytes
 
@@ -90,7 +87,6 @@ def _attention_call(H, KVH, layers, isa):
         for _ in range(passes):
             _layers(q, pool.data, pool.data_f32, F16_TO_F32, pool.kind, pool.group, pool.scale_offset, table, layers,
                     KVH, BLOCK, CTX - 1, np.float32(D ** -0.5), out, tag)
-        return pool
 
     return fn, layers * CTX * 2 * KVH * D * 2
 
@@ -112,23 +108,14 @@ def kernel_calls(mb: int, isa: str):
 def measure_kernels(calls, reps: int, probe):
     """Per kernel: median GB/s from the caches and from DRAM, and the probe read between
     them (alternating, 1 thread); yields a row per kernel."""
+    from overlap_ceiling import alternate_rates, rates_row
+
     for name, build in calls:
         (fc, bc), (fd, bd) = build()
         passes = max(1, int(20e6 // bc))  # about 20 MB per cache timing
         fc(1), fd(1)  # compile, warm
-        rates = {"cache": [], "dram": [], "probe": []}
-        for i in range(reps):
-            for what in (("cache", "dram", "probe") if i % 2 == 0 else ("probe", "dram", "cache")):
-                if what == "probe":
-                    rates["probe"].append(probe.read(runs=1, min_seconds=0.1))
-                    continue
-                fn, nbytes, n = (fc, bc, passes) if what == "cache" else (fd, bd, 1)
-                t0 = time.perf_counter()
-                fn(n)
-                rates[what].append(nbytes * n / (time.perf_counter() - t0))
-        c, d, p = (float(np.median(rates[k])) / 1e9 for k in ("cache", "dram", "probe"))
-        yield {"kernel": name, "cache_gbs": round(c, 2), "dram_gbs": round(d, 2), "probe_gbs": round(p, 2),
-               "cache_over_probe": round(c / p, 2), "dram_over_probe": round(d / p, 3)}
+        med = alternate_rates({"cache": (lambda: fc(passes), bc * passes), "dram": (lambda: fd(1), bd)}, reps, probe)
+        yield {"kernel": name, **rates_row(med)}
 
 
 def curve_at(curve: list[dict], ratio: float) -> float:

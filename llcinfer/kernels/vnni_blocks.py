@@ -43,8 +43,7 @@ def _w_part(wa, at, n):
 def _w_ahead(wa, o, bs):
     """Prefetch towards L2 the bs bytes of weights W_AHEAD past offset o of the group at wa
     (a line per 64 bytes; past a group's end lie the next group's)."""
-    for i in range(0, bs, 64):
-        prefetch_l2(wa, o + W_AHEAD + i)
+    _w_part(wa, o + W_AHEAD, bs)
 
 
 @kernel

@@ -5,39 +5,37 @@
     print(llm.generate("Once upon a time", max_tokens=32, temperature=0))
     for piece in llm.chat([{"role": "user", "content": "Hi!"}], stream=True):
         print(piece, end="")
+    h = llm.submit("The three primary colors are", max_tokens=16)   # from any thread
+    for piece in h: ...                                             # or h.result(), h.cancel()
+
+Every call is a request in the engine's one step loop (engine/loop.py): concurrent
+requests decode together, a finished one's place is taken at once.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
-from . import catalog
-from .chat_template import ChatTemplate
-from .engine import Engine, GenerationStats
-from .kv import KV_TYPES
+from .engine.loop import DEFAULT_STEP_TOKENS, Engine
+from .engine.placement import domains_from_plan, plan_for_model
+from .engine.request import Completion, GenerationStats, RequestHandle
+from .engine.sampling import SamplingParams
+from .engine.transformer import Transformer
 from .errors import ChatTemplateError, ModelFileError, UsageError
-from .gguf_file import GGUFFile
-from .kernels import set_threads
-from .model import Transformer
-from .sampling import SamplingParams
-from .tokenizer import Tokenizer
+from .executor import unsupported_reason
+from .jit import set_threads
+from .kv import KV_TYPES
+from .model import catalog
+from .model.chat_template import ChatTemplate
+from .model.gguf_file import GGUFFile
+from .model.tokenizer import Tokenizer
 
 _SAMPLING_KEYS = {f for f in SamplingParams.__dataclass_fields__}
 
-
-@dataclass
-class Completion:
-    """One result of ``LLM.generate_batch``."""
-
-    text: str
-    token_ids: list[int]
-    stop_reason: str
-    error: Exception | None = None
-    stats: GenerationStats | None = None
+__all__ = ["LLM", "Completion", "GenerationStats", "RequestHandle"]
 
 
 class LLM:
@@ -47,29 +45,32 @@ class LLM:
         model: a catalog name (``llcinfer models`` lists them; fetched on first use) or the
             path to any ``.gguf`` file.  Default: ``smollm2-135m``.
         threads: kernel threads (default: the physical cores available).
-        n_ctx: context length in tokens (default: the model's training context).
-        n_batch: prompt tokens per forward pass.
+        n_ctx: context length in tokens per sequence (default: the model's training context).
+        n_batch: tokens per step of the loop, decode rows and prompt chunks together (a
+            longer prompt is prefilled over several steps while the others decode).
         progress: show a progress bar when a catalog model is downloaded.
         numerics: ``"llama.cpp"`` (default) rounds matmul inputs to 8-bit blocks and the KV
             cache to f16 exactly as llama.cpp does, so greedy output matches it except at
             near-ties; ``"f32"`` keeps activations in float32 (the NumPy oracle's exact mode).
         kv_type: KV cache storage, ``"f16"`` (default with llama.cpp numerics), ``"int8"``
             (per-32-value scales, half the memory) or ``"f32"`` (default with f32 numerics).
-        n_seq: sequences the KV pool reserves address space for (``generate_batch``).
+        n_seq: requests decoded at once (the plan's concurrency; more wait their turn).
         kv_budget_mb: most KV memory committed at once (default: available RAM less the
-            model and a margin); a sequence that needs more gets ``OutOfMemoryError``.
+            model and a margin); past it the newest request is preempted and recomputed
+            later, and a request that cannot fit even alone gets ``OutOfMemoryError``.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
-                 n_ctx: int | None = None, n_batch: int = 32, progress: bool = True,
+                 n_ctx: int | None = None, n_batch: int = DEFAULT_STEP_TOKENS, progress: bool = True,
                  numerics: str = "llama.cpp", kv_type: str | None = None, n_seq: int = 1,
                  kv_budget_mb: float | None = None):
         if numerics not in ("llama.cpp", "f32"):
             raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
         if kv_type is not None and kv_type not in KV_TYPES:
             raise UsageError(f"kv_type must be one of {', '.join(KV_TYPES)} (got {kv_type!r})")
-        if not isinstance(n_seq, int) or n_seq < 1:
-            raise UsageError(f"n_seq must be a positive integer (got {n_seq!r})")
+        for name, value in (("n_seq", n_seq), ("n_batch", n_batch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"{name} must be a positive integer (got {value!r})")
         if kv_budget_mb is not None and not kv_budget_mb > 0:
             raise UsageError(f"kv_budget_mb must be positive (got {kv_budget_mb!r})")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -91,27 +92,30 @@ class LLM:
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise UsageError(f"n_ctx must be a positive integer (got {n_ctx!r})")
         self.n_ctx = n_ctx
-        self.plan = None  # the planner's plan the executor runs (None: simple path)
-        self.executor_note = self._plan_executor(n_ctx, n_seq)
+        # the planner's plan for this machine, context and concurrency; its cores run the decode rows
+        self.plan = None if unsupported_reason(self.model) else plan_for_model(self.model, n_ctx, n_seq, self.threads)
+        domains = None if self.plan is None else domains_from_plan(self.plan, self.config)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
-                             kv_budget_bytes=budget)
-        self.model.warm_up()
+                             kv_budget_bytes=budget, domains=domains)
+        self.executor_note = self.engine.runner.executor_note  # why decode rows skip the executor (None: they don't)
+        self.engine.runner.warm_up(self.engine.new_sequence)
+        self._last_stats = GenerationStats()
 
-    def _plan_executor(self, n_ctx: int, n_seq: int) -> str | None:
-        """Plan what runs where for this model, context and concurrency (planner/), and run
-        decode steps on the executor with the plan's domains.  Returns why the simple path
-        is used instead (None when the executor runs)."""
-        from .executor import unsupported_reason
-        from .executor.from_plan import domains_from_plan, plan_for_model
+    # ------------------------------------------------------------------ requests
+    def submit(self, prompt: str | list[dict], **sampling) -> RequestHandle:
+        """Queue a request and return its handle at once (any thread may call this).
 
-        why = unsupported_reason(self.model)
-        if why:
-            return why
-        self.plan = plan_for_model(self.model, n_ctx, n_seq, self.threads)
-        return self.model.use_executor(domains_from_plan(self.plan, self.config))
+        ``prompt``: raw text, or a conversation ``[{"role": ..., "content": ...}, ...]`` put
+        through the chat template.  Iterate the handle for text pieces, or call
+        ``result()`` for the whole ``Completion``; ``cancel()`` ends it and frees its KV."""
+        params = self._params(sampling)
+        if isinstance(prompt, list):
+            ids = self.tokenize(self.apply_chat_template(prompt), special=True)
+        else:
+            ids = self.tokenize(prompt, special=False, add_bos=None)
+        return self.engine.submit(ids, params)
 
-    # ------------------------------------------------------------------ text in, text out
     def generate(self, prompt: str, **sampling) -> str:
         """Complete ``prompt`` (raw text, no chat template) and return the completion.
 
@@ -123,42 +127,44 @@ class LLM:
 
     def stream(self, prompt: str, **sampling) -> Iterator[str]:
         """Like ``generate`` but yields text pieces as they are produced."""
-        params = self._params(sampling)
-        ids = self.tokenize(prompt, special=False, add_bos=None)
-        return self.engine.stream_text(ids, params)
+        if not isinstance(prompt, str):
+            raise UsageError(f"prompt must be a str (got {type(prompt).__name__})")
+        return self._pieces(self.submit(prompt, **sampling))
 
     def chat(self, messages: list[dict], stream: bool = False, **sampling) -> str | Iterator[str]:
         """Answer a conversation ``[{"role": ..., "content": ...}, ...]`` using the model's
         chat template; generation stops at the end-of-turn token."""
-        params = self._params(sampling)
-        ids = self.tokenize(self.apply_chat_template(messages), special=True)
-        pieces = self.engine.stream_text(ids, params)
+        if not isinstance(messages, list):
+            raise UsageError(f"messages must be a list of dicts (got {type(messages).__name__})")
+        pieces = self._pieces(self.submit(messages, **sampling))
         return pieces if stream else "".join(pieces)
 
-    def generate_batch(self, prompts: list[str], chat: bool = False, **sampling) -> list[Completion]:
-        """Complete several prompts on sequences of one shared KV pool; a common prefix
-        (e.g. a system prompt) is computed once and its blocks shared.  ``chat=True``
-        treats each prompt as a list of messages.  A prompt that runs out of KV memory
-        comes back with ``error`` set (an ``OutOfMemoryError``); the others complete."""
-        params = self._params(sampling)
-        if chat:
-            ids = [self.tokenize(self.apply_chat_template(m), special=True) for m in prompts]
-        else:
-            ids = [self.tokenize(p, special=False, add_bos=None) for p in prompts]
-        out = []
-        for r in self.engine.generate_batch(ids, params):
-            text = self.detokenize(r.token_ids)
-            cut = [text.index(s) for s in params.stop if s in text]
-            if cut:
-                text, r.stop_reason = text[:min(cut)], "stop"
-            out.append(Completion(text, r.token_ids, r.stop_reason, r.error, r.stats))
-        return out
+    def generate_batch(self, prompts: list, chat: bool = False, **sampling) -> list[Completion]:
+        """Complete several prompts at once (continuous batching: up to ``n_seq`` decode
+        together, a finished one's place is refilled at once); a common prefix, e.g. a
+        system prompt, is computed once and its blocks shared.  ``chat=True`` treats each
+        prompt as a list of messages.  A prompt that cannot fit in the KV budget even
+        alone comes back with ``error`` set (an ``OutOfMemoryError``); the others complete."""
+        handles = []
+        for p in prompts:
+            if chat != isinstance(p, list):
+                raise UsageError("generate_batch: with chat=True every prompt is a list of messages, else a str")
+            handles.append(self.submit(p, **sampling))
+        return [h.result() for h in handles]
+
+    def _pieces(self, handle: RequestHandle) -> Iterator[str]:
+        try:
+            yield from handle
+        finally:
+            self._last_stats = handle.stats
 
     def kv_stats(self) -> dict:
         """The KV pool (committed / cached / reserved blocks) and prefix-sharing counters."""
         d = self.engine.pool.stats()
         if self.engine.prefix is not None:
             d.update({f"prefix_{k}": v for k, v in vars(self.engine.prefix.stats).items()})
+        d["preemptions"] = self.engine.scheduler.n_preemptions
+        d["reused_tokens"] = self.engine.scheduler.n_reused_tokens  # from the last finished request's sequence
         return d
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -179,23 +185,36 @@ class LLM:
         return self.tokenizer.decode(list(ids))
 
     def logits(self, ids) -> np.ndarray:
-        """Float32 logits [vocab] after the last of ``ids`` (a fresh context, no cache reuse)."""
-        ids = [int(i) for i in ids]
+        """Float32 logits [vocab] after the last of ``ids`` (a request that generates nothing)."""
+        try:
+            ids = [int(i) for i in ids]
+        except (TypeError, ValueError):
+            raise UsageError("logits() takes a list of token ids") from None
         if not ids:
             raise UsageError("logits() needs at least one token id")
-        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
-            raise UsageError(f"token ids must be in [0, {self.config.vocab_size})")
-        self.engine.reset()
-        return np.asarray(self.engine.prefill(ids), dtype=np.float32)
+        handle = self.engine.submit(ids, SamplingParams(max_tokens=0), want_logits=True)
+        done = handle.result()
+        if done.error is not None:
+            raise done.error
+        return handle.request.logits
 
-    # ------------------------------------------------------------------ info
+    # ------------------------------------------------------------------ running
+    def start(self) -> None:
+        """Run the step loop on an engine thread of its own from now on (a server, or many
+        threads submitting); without it, a thread waiting for a request runs the steps."""
+        self.engine.start()
+
+    def close(self) -> None:
+        """Stop the engine thread (cancelling what still runs) and the executor's workers."""
+        self.engine.close()
+
     @property
     def last_stats(self) -> GenerationStats:
-        """Prompt and generation timings of the most recent call."""
-        return self.engine.stats
+        """Prompt and generation timings of the most recent ``generate`` / ``stream`` / ``chat``."""
+        return self._last_stats
 
     def reset(self) -> None:
-        """Forget the cached context (the next prompt is evaluated from scratch)."""
+        """Forget cached prefixes: the next prompt is evaluated from scratch."""
         self.engine.reset()
 
     def _params(self, sampling: dict) -> SamplingParams:
@@ -207,4 +226,4 @@ class LLM:
     def __repr__(self) -> str:
         c = self.config
         return (f"LLM({self.model_path.name}: {c.arch}, {c.n_layer} layers, d_model {c.d_model}, "
-                f"n_ctx {self.n_ctx}, threads {self.threads})")
+                f"n_ctx {self.n_ctx}, threads {self.threads}, n_seq {self.engine.scheduler.max_seqs})")

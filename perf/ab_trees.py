@@ -53,9 +53,9 @@ def materialise(tree: str, dest: Path, name: str) -> Path:
 def prepare_trees(trees: dict) -> None:
     """Materialise {name: tree} as packages ab_<name> under $LLCINFER_HOME/ab, importable."""
     sys.path.insert(0, str(ROOT))
-    from llcinfer.catalog import llcinfer_home
+    from llcinfer import paths
 
-    trees_dir = llcinfer_home() / "ab"
+    trees_dir = paths.home() / "ab"
     trees_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(trees_dir))
     for name, tree in trees.items():

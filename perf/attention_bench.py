@@ -63,7 +63,7 @@ def make_cache(L, KVH, D, ctx, seed=0):
 
 def bench_case(L, H, KVH, D, ctx, threads, isas, reps):
     """(KV bytes per token, {path: median seconds per token}, probe bytes/s)."""
-    from llcinfer.bench.probe import read_bandwidth
+    from llcinfer.hw.probe import read_bandwidth
 
     times = _time_paths(L, H, KVH, D, ctx, threads, isas, reps)
     kv_bytes = L * ctx * 2 * KVH * D * 2
@@ -71,7 +71,7 @@ def bench_case(L, H, KVH, D, ctx, threads, isas, reps):
 
 
 def _time_paths(L, H, KVH, D, ctx, threads, isas, reps):
-    from llcinfer.kernels.jit import set_threads
+    from llcinfer.jit import set_threads
     from llcinfer.kernels.paged_attention import paged_attention
     from llcinfer.kernels.tables import F16_TO_F32
 
@@ -106,7 +106,7 @@ def _fma_chains():
     one prange iteration per thread: the machine's vector FMA throughput."""
     import numba
 
-    from llcinfer.kernels.jit import parallel_kernel
+    from llcinfer.jit import parallel_kernel
     from llcinfer.kernels.simd import vlane, vsplat
     from llcinfer.kernels.simd_math import vfma
 
@@ -136,7 +136,7 @@ def _fma_chains():
 
 def fma_peak(threads: int, isa: str, reps: int = 7) -> float:
     """Vector FMAs per second (of ``isa``'s width) that ``threads`` threads issue, median."""
-    from llcinfer.kernels.jit import set_threads
+    from llcinfer.jit import set_threads
     from llcinfer.kernels.simd import make_tag
 
     chains, tag = _fma_chains(), make_tag(isa)
@@ -225,7 +225,7 @@ def main(argv=None):
 
     import numba
 
-    from llcinfer.bench.machine import machine_info
+    from llcinfer.hw.cpu import machine_info
     from llcinfer.kernels import isa as isa_mod
     from llcinfer.kernels.simd import lanes
 

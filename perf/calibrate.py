@@ -3,8 +3,8 @@
     python perf/calibrate.py [--threads 2] [--dry-run]
 
 Measured here, each a median over repetitions in this run:
-  handoff_ns                one dependency hand-off between two workers (executor/graph.py)
-  barrier_ns                one numba thread-pool region (the simple path's per-operator barrier)
+  handoff_ns                one dependency hand-off between two workers (tests/task_graphs.py)
+  barrier_ns                one numba thread-pool region (the batched forward pass's per-operator barrier)
   attention_flops_per_core  decode attention over an f16 paged cache (SmolLM2 and Qwen shapes,
                             ctx 4096, one thread): 4 * H * D * ctx flops per layer / time
   unpack_weights_per_core,  the repacked int8 matmul (Qwen2.5-0.5B's Q5_0 ffn_gate rows, L2-
@@ -31,12 +31,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from llcinfer.executor import WorkerPool, default_domains  # noqa: E402
-from llcinfer.executor.graph import handoff_ns  # noqa: E402
-from llcinfer.kernels.jit import set_threads  # noqa: E402
+from llcinfer.jit import set_threads  # noqa: E402
+from task_graphs import handoff_ns  # noqa: E402  (tests/task_graphs.py)
 from llcinfer.planner import detect_machine  # noqa: E402
-from llcinfer.kernels.jit import kernel  # noqa: E402
+from llcinfer.jit import kernel  # noqa: E402
 from llcinfer.kernels.simd import addr, vtag  # noqa: E402
 from llcinfer.kernels.vnni_matmul import group_rows, vnni_matmul  # noqa: E402
 from llcinfer.planner.bandwidth import Rates  # noqa: E402
@@ -83,9 +84,9 @@ def attention_rate(ctx: int = 4096) -> float:
 
 def _qwen_gate():
     """(packed ffn_gate matrices of every layer, qtype, rows, cols, tag) of Qwen2.5-0.5B."""
-    from llcinfer import catalog
-    from llcinfer.gguf_file import GGUFFile
-    from llcinfer.model import Transformer
+    from llcinfer.model import catalog
+    from llcinfer.model.gguf_file import GGUFFile
+    from llcinfer.engine.transformer import Transformer
     from llcinfer.kernels.simd import make_tag
 
     model = Transformer(GGUFFile(catalog.resolve_model("qwen2.5-coder-0.5b", progress=False)))
@@ -105,7 +106,7 @@ def _serial_matmul(xq, xd, xs, w, qt, y, tag):
 
 def matmul_calibration(threads: int) -> dict:
     """unpack / MAC rates per core (in-L2, 1 thread) and the read-compute overlap (DRAM, all threads)."""
-    from llcinfer.bench.probe import read_bandwidth
+    from llcinfer.hw.probe import read_bandwidth
     from llcinfer.kernels.act_quant import quantize_activations_int
 
     packed, qt, rows, cols, tag, lins = _qwen_gate()
@@ -146,10 +147,10 @@ def matmul_calibration(threads: int) -> dict:
 
 def step_overhead(threads: int) -> tuple[float, float]:
     """(fixed ns, ns per sequence) of an executor step outside its workers (SmolLM2)."""
-    from llcinfer import catalog
+    from llcinfer.model import catalog
     from llcinfer.executor import DecodeExecutor
-    from llcinfer.gguf_file import GGUFFile
-    from llcinfer.model import Transformer
+    from llcinfer.model.gguf_file import GGUFFile
+    from llcinfer.engine.transformer import Transformer
     from llcinfer.kv import PagedSequence
 
     model = Transformer(GGUFFile(catalog.resolve_model("smollm2-135m", progress=False)))

@@ -39,7 +39,7 @@ PROMPTS = [
 def llama_cpp_greedy(binary: str, model: str, prompt: str, n: int, threads: int) -> str:
     cmd = [binary, "-m", model, "-p", prompt, "-n", str(n), "-no-cnv", "--temp", "0", "--top-k", "1",
            "--ignore-eos", "--no-warmup", "--simple-io", "--no-display-prompt", "-t", str(threads), "-c", "512"]
-    from llcinfer.kernels.jit import child_env
+    from llcinfer.jit import child_env
 
     out = subprocess.run(cmd, capture_output=True, timeout=300, env=child_env())
     if out.returncode != 0:
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from llcinfer import LLM
-    from llcinfer.sampling import SamplingParams
+    from llcinfer.engine.sampling import SamplingParams
 
     configs = [args.config] if args.config else ["portable", "native"]
     binary = next((llama_cpp.generator_binary(c) for c in configs if llama_cpp.generator_binary(c)), None)
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     for prompt in PROMPTS:
         theirs = llama_cpp_greedy(str(binary), str(llm.model_path), prompt, args.n, args.threads)
         prompt_ids = llm.tokenize(prompt)
-        ours_ids = list(llm.engine.generate_ids(prompt_ids, params))
+        ours_ids = llm.engine.generate([prompt_ids], params)[0].token_ids
         ours = llm.detokenize(ours_ids)
         same = ours == theirs
         agree += same

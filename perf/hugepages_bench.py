@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llcinfer import hugepages  # noqa: E402
+from llcinfer.weights import hugepages  # noqa: E402
 from llcinfer.api import LLM  # noqa: E402
 from llcinfer.kernels.act_quant import quantize_activations_int  # noqa: E402
 from llcinfer.kernels.simd import make_tag  # noqa: E402
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from llcinfer.kernels.jit import set_threads
+    from llcinfer.jit import set_threads
     set_threads(1)
     rows = []
     print("| model | MiB | file (4 KiB) GB/s | anon (2 MiB) GB/s | speedup |\n|---|---|---|---|---|")

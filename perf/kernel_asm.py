@@ -22,7 +22,7 @@ os.environ["LLCINFER_NUMBA_CACHE"] = "0"  # inspect_asm needs a fresh compile, n
 import numpy as np  # noqa: E402
 
 from llcinfer.kernels.act_quant import ACT_Q8_0, quantize_activations_int  # noqa: E402
-from llcinfer.kernels.repack import repack  # noqa: E402
+from llcinfer.weights.repack import repack  # noqa: E402
 from llcinfer.kernels.simd import lanes, make_tag  # noqa: E402
 from llcinfer.kernels.vnni_matmul import vnni_matmul  # noqa: E402
 

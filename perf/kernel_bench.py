@@ -28,9 +28,9 @@ from numba import prange  # noqa: E402
 
 from llcinfer.kernels import isa as isa_mod  # noqa: E402
 from llcinfer.kernels.act_quant import ACT_Q8_0, ACT_Q8_K, quantize_activations, quantize_activations_int  # noqa: E402
-from llcinfer.kernels.jit import parallel_kernel, set_threads  # noqa: E402
+from llcinfer.jit import parallel_kernel, set_threads  # noqa: E402
 from llcinfer.kernels.quant_matmul import quant_matmul  # noqa: E402
-from llcinfer.kernels.repack import repack  # noqa: E402
+from llcinfer.weights.repack import repack  # noqa: E402
 from llcinfer.kernels.simd import lanes, make_tag, vlane, vlanes, vloadf  # noqa: E402
 from llcinfer.kernels.simd_math import vadd, vzero_f  # noqa: E402
 from llcinfer.kernels.tables import F16_TO_F32  # noqa: E402

@@ -6,7 +6,7 @@
 Sections:
   rss     resident memory of one generation at 0, 1K and 8K tokens of real context (text:
           CPython's inspect.py), and after the sequence ends (blocks returned to the OS)
-  tpot    decode time per token at d4096 / d8000, paged f16 vs the simple contiguous f32
+  tpot    decode time per token at d4096 / d8000, paged f16 vs paged f32
           cache, alternating A B A B, medians (synthetic K/V: attention cost does not
           depend on the values)
   blocks  the same at d4096 for block sizes 16 / 32 / 64
@@ -29,9 +29,9 @@ import numpy as np
 import psutil
 
 from llcinfer import LLM
-from llcinfer.engine import Engine
-from llcinfer.kernels.repack_cache import wait_loaded
-from llcinfer.sampling import SamplingParams
+from llcinfer.engine.loop import Engine
+from llcinfer.weights.repack_cache import wait_loaded
+from llcinfer.engine.sampling import SamplingParams
 
 MiB = 2**20
 
@@ -123,8 +123,7 @@ def section_tpot(llm: LLM, out: dict, depths, n: int, reps: int) -> None:
     model = llm.model
     res = {}
     for d in depths:
-        caches = {"paged_f16": model.new_cache(d + n + 8, kv_type="f16"),
-                  "contiguous_f32": model.new_cache(d + n + 8, layout="contiguous")}
+        caches = {f"paged_{t}": model.new_cache(d + n + 8, kv_type=t) for t in ("f16", "f32")}
         res[f"d{d}"] = ab(model, caches, d, n, reps)
         log(f"  TPOT d{d}: " + ", ".join(f"{k} {v['median_ms']:.1f} ms" for k, v in res[f"d{d}"].items()))
         del caches

@@ -72,8 +72,8 @@ def llama_cpp_version(binary: str) -> str:
 def compare(fixture: str, model_path: str) -> None:
     """Print how many golden records llcinfer's tokenizer reproduces."""
     sys.path.insert(0, ROOT)
-    from llcinfer.gguf_file import GGUFFile
-    from llcinfer.tokenizer import Tokenizer
+    from llcinfer.model.gguf_file import GGUFFile
+    from llcinfer.model.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(GGUFFile(model_path).metadata)
     with open(fixture, encoding="utf-8") as fh:

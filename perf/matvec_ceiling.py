@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import kernel_bench  # noqa: E402
 
-from llcinfer.kernels.jit import set_threads  # noqa: E402
+from llcinfer.jit import set_threads  # noqa: E402
 
 ROW_LENGTH = {"Q8_0": 896, "Q5_0": 896, "Q4_0": 576, "Q4_1": 576, "Q4_K": 1536, "Q6_K": 1536}
 

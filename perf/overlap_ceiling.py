@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
-from llcinfer import hugepages  # noqa: E402
-from llcinfer.bench.probe import ReadProbe  # noqa: E402
+from llcinfer.weights import hugepages  # noqa: E402
+from llcinfer.hw.probe import ReadProbe  # noqa: E402
 from llcinfer.kernels.isa import supported_isas  # noqa: E402
-from llcinfer.kernels.jit import kernel, parallel_kernel, set_threads  # noqa: E402
+from llcinfer.jit import kernel, parallel_kernel, set_threads  # noqa: E402
 from llcinfer.kernels.simd import TAGS, make_tag, prefetch_l2, vlane, vload_f16, vsplat  # noqa: E402
 from llcinfer.kernels.simd_math import vadd, vfma  # noqa: E402
 

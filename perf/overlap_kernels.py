@@ -27,8 +27,8 @@ from tiny_models import random_quant_bytes  # noqa: E402
 
 from llcinfer.kernels import paged_attention as pa  # noqa: E402
 from llcinfer.kernels.act_quant import ACT_Q8_0, ACT_Q8_K, quantize_activations_int  # noqa: E402
-from llcinfer.kernels.jit import kernel  # noqa: E402
-from llcinfer.kernels.repack import repack  # noqa: E402
+from llcinfer.jit import kernel  # noqa: E402
+from llcinfer.weights.repack import repack  # noqa: E402
 from llcinfer.kernels.simd import lanes, make_tag, vtag  # noqa: E402
 from llcinfer.kernels.tables import F16_TO_F32  # noqa: E402
 from llcinfer.kernels.vnni_matmul import group_rows  # noqa: E402

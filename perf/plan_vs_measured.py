@@ -6,7 +6,7 @@
 For each configuration (catalog model x context depth x concurrent sequences) the planner
 plans for this machine (cached bandwidth curve, saved calibration: perf/calibrate.py); the
 executor then runs the chosen plan's domains, and the best plan of the other kind (shared
-vs split) too, each measured as the median step time over repetitions (bench/domains.py).
+vs split) too, each measured as the median step time over repetitions (``measure_tpot``).
 A row reports both predictions and measurements; error = predicted / measured - 1 of the
 chosen plan, and whether the chosen kind was also the faster one measured.
 """
@@ -16,24 +16,66 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llcinfer import catalog  # noqa: E402
-from llcinfer.bench.domains import measure_tpot  # noqa: E402
-from llcinfer.executor.from_plan import domains_from_plan  # noqa: E402
-from llcinfer.gguf_file import GGUFFile  # noqa: E402
-from llcinfer.kernels.jit import set_threads  # noqa: E402
-from llcinfer.model import Transformer  # noqa: E402
+from llcinfer.model import catalog  # noqa: E402
+from llcinfer.engine.placement import domains_from_plan  # noqa: E402
+from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
+from llcinfer.jit import set_threads  # noqa: E402
+from llcinfer.engine.transformer import Transformer  # noqa: E402
+from llcinfer.executor import DecodeExecutor, Domains  # noqa: E402
+from llcinfer.kv import PagedSequence  # noqa: E402
 from llcinfer.planner import detect_machine, make_plan, workload_from_model  # noqa: E402
+from llcinfer.weights.repack_cache import wait_loaded  # noqa: E402
 
 CONFIGS = {  # model -> [(ctx, concurrency)]
     "smollm2-135m": [(256, 1), (4096, 1), (256, 2), (256, 4), (2048, 4)],
     "qwen2.5-coder-0.5b": [(256, 1), (4096, 1), (256, 4), (2048, 2)],
     "qwen2.5-coder-1.5b": [(256, 1), (256, 2)],
 }
+
+
+def measure_tpot(model, domains: Domains, ctx: int, concurrency: int, n_tokens: int = 16, reps: int = 5,
+                 executor: DecodeExecutor | None = None) -> dict:
+    """Decode TPOT of the executor under ``domains``: each of ``concurrency`` sequences is
+    grown to ``ctx`` tokens without running a prompt (zeros in the pool: attention costs the
+    same whatever the keys), then ``n_tokens`` steps of one token per sequence run; the
+    sequences are rolled back before each repetition.  {'tpot_s': median step time,
+    'steps_s': [per repetition], 'tokens_per_s': ...}"""
+    own = executor is None
+    ex = executor or DecodeExecutor(model, domains)
+    n_ctx = ctx + n_tokens + 1
+    pool, _ = model.new_pool(n_ctx, concurrency, prefix_sharing=False)
+    seqs = [PagedSequence(pool, n_ctx, None, f"s{i}") for i in range(concurrency)]
+    rng = np.random.default_rng(0)
+    try:
+        for s in seqs:
+            s.n_tokens = ctx
+        toks = rng.integers(0, model.config.vocab_size, concurrency).tolist()
+        ex.step(seqs, toks)  # warm: compile, first touch of the new blocks
+        wait_loaded()  # and the weights on 2 MiB pages: the steady state
+        per_rep = []
+        for _ in range(reps):
+            for s in seqs:
+                s.truncate(ctx)
+            t0 = time.perf_counter()
+            for _ in range(n_tokens):
+                ex.step(seqs, toks)
+            per_rep.append((time.perf_counter() - t0) / n_tokens)
+    finally:
+        for s in seqs:
+            s.free()
+        if own:
+            ex.close()
+    tpot = statistics.median(per_rep)
+    return {"tpot_s": tpot, "steps_s": per_rep, "tokens_per_s": concurrency / tpot}
 
 
 def other_kind(plan):

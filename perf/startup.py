@@ -114,9 +114,10 @@ def probe(model: str, threads: int | None, t_spawn: float) -> dict:
         import numba.core.typing.context as numba_typing
 
         import llcinfer.api as api
-        from llcinfer import model as model_mod
-        from llcinfer.kernels import Linear, repack_cache
-        from llcinfer.tokenizer import Tokenizer
+        from llcinfer.engine import transformer as model_mod
+        from llcinfer.kernels import Linear
+        from llcinfer.weights import repack_cache
+        from llcinfer.model.tokenizer import Tokenizer
     clock.wrap(api.GGUFFile, "__init__", "gguf_index")
     clock.wrap(model_mod.Transformer, "__init__", "weights")
     clock.wrap(Tokenizer, "from_metadata", "tokenizer")
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
     if args.probe:
         print(json.dumps(probe(args.probe, args.threads, args.t_spawn)))
         return 0
-    from llcinfer import catalog
+    from llcinfer.model import catalog
 
     for m in args.models:  # downloads happen here, not inside a timed run
         catalog.resolve_model(m, progress=True)

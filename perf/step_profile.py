@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llcinfer.bench.ours import OursBench  # noqa: E402
-from llcinfer.bench.probe import read_bandwidth  # noqa: E402
+from llcinfer.hw.probe import read_bandwidth  # noqa: E402
 from llcinfer.bench.report import kv_bytes_read  # noqa: E402
 from llcinfer.executor.tiles import (ATTN, DOWN, F_KIND, F_LAYER, F_MAT0, F_MAT1, F_MAT2, GATE_UP, LM_HEAD,  # noqa: E402
                                            MERGE, QKV, ROPE, WO)
@@ -67,7 +67,7 @@ def main(argv=None) -> dict:
     b.warmup()
     if a.depth:
         b.set_depth(a.depth, "synthetic")
-    ex = b.model.executor
+    ex = b.runner.executor
     if ex is None:
         raise SystemExit("this model does not run on the executor")
     hz = tsc_hz()

@@ -7,9 +7,9 @@ Figures are medians over repetitions, measured in this run:
   handoff      a chain of tasks alternating between workers (each edge waits on a counter)
   spin barrier all workers meet on one atomic counter (what a barrier per operator costs
                at best)
-  pool region  a numba prange region launched and joined (the simple path's barrier:
+  pool region  a numba prange region launched and joined (the batched path's barrier:
                one per operator)
-Per token: pool regions the simple path launches (counted by wrapping the parallel
+Per token: pool regions the batched forward pass launches (counted by wrapping the parallel
 kernels) vs executor jobs (1) and the dependency waits in its program.
 """
 
@@ -28,10 +28,11 @@ import numpy as np
 from numba import prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from llcinfer.executor import WorkerPool, default_domains  # noqa: E402
-from llcinfer.executor.graph import barrier_ns, handoff_ns  # noqa: E402
-from llcinfer.kernels.jit import parallel_kernel, set_threads  # noqa: E402
+from llcinfer.jit import parallel_kernel, set_threads  # noqa: E402
+from task_graphs import barrier_ns, handoff_ns  # noqa: E402  (tests/task_graphs.py)
 
 
 @parallel_kernel
@@ -53,15 +54,15 @@ def region_ns(threads: int, n: int = 20000, reps: int = 5) -> float:
 
 
 def regions_per_token(model_name: str, threads: int) -> dict:
-    """Pool regions per decode token on the simple path, and the executor's figures."""
+    """Pool regions per decode token on the batched forward pass, and the executor's figures."""
     import llcinfer.kernels as K
     import llcinfer.kernels.paged_attention as PA
     from llcinfer.api import LLM
-    from llcinfer.kernels.repack_cache import wait_loaded
+    from llcinfer.weights.repack_cache import wait_loaded
 
     llm = LLM(model_name, threads=threads, n_ctx=512, progress=False)
     wait_loaded()  # weights on 2 MiB pages before timing
-    model, cache = llm.model, llm.engine.cache
+    model, cache, executor = llm.model, llm.engine.new_sequence("sync"), llm.engine.runner.executor
     count = [0]
 
     def counted(fn):
@@ -72,18 +73,16 @@ def regions_per_token(model_name: str, threads: int) -> dict:
 
     saved = (K.vnni_matmul, K.vnni_matmul3, PA.paged_attention_parallel)
     K.vnni_matmul, K.vnni_matmul3, PA.paged_attention_parallel = (counted(f) for f in saved)
-    executor, model.executor = model.executor, None
     try:
         model.forward([1, 2, 3], cache)
         count[0] = 0
-        model.forward([4], cache)
+        model.forward([4], cache)  # a decode row on the batched forward pass
         simple = count[0]
     finally:
         K.vnni_matmul, K.vnni_matmul3, PA.paged_attention_parallel = saved
-        model.executor = executor
-    model.forward([5], cache)
+    executor.step([cache], [5])
     prog = executor.last_program
-    return {"simple_path_regions_per_token": simple, "executor_jobs_per_token": 1,
+    return {"batched_path_regions_per_token": simple, "executor_jobs_per_token": 1,
             "executor_barriers_per_token": 0, "executor_dependency_waits_per_token": prog.waits_per_step,
             "executor_operators_per_token": int(prog.ops.shape[0])}
 
@@ -106,7 +105,7 @@ def main() -> None:
     res["model"] = a.model
     print(f"threads {threads}: hand-off {res['handoff_ns']:.0f} ns, spin barrier {res['spin_barrier_ns']:.0f} ns, "
           f"pool region ({res['numba_threading_layer']}) {res['pool_region_ns']:.0f} ns")
-    print(f"{a.model}: simple path {res['simple_path_regions_per_token']} pool regions (barriers) per token; "
+    print(f"{a.model}: batched path {res['batched_path_regions_per_token']} pool regions (barriers) per token; "
           f"executor 1 job, 0 barriers, {res['executor_dependency_waits_per_token']} dependency waits "
           f"over {res['executor_operators_per_token']} operators per token")
     out = Path(a.json or f"perf/results/sync-{datetime.date.today()}.json")

@@ -3,7 +3,7 @@
 
 from functools import lru_cache
 
-from llcinfer import catalog
+from llcinfer.model import catalog
 
 
 @lru_cache(maxsize=None)
@@ -13,6 +13,6 @@ def real_model_path(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def real_gguf(name: str):
-    from llcinfer.gguf_file import GGUFFile
+    from llcinfer.model.gguf_file import GGUFFile
 
     return GGUFFile(real_model_path(name))

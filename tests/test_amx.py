@@ -30,8 +30,8 @@ from llcinfer.kernels import Linear, amx
 from llcinfer.kernels import amx_matmul as am
 from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels.act_quant import ACT_Q8_0, quantize_activations, quantize_activations_int
-from llcinfer.kernels.jit import kernel
-from llcinfer.kernels.repack import Q4_1, Q8_0, repack, unpack
+from llcinfer.jit import kernel
+from llcinfer.weights.repack import Q4_1, Q8_0, repack, unpack
 from llcinfer.kernels.simd import addr, make_tag
 from llcinfer.kernels.vnni_matmul import vnni_matmul
 

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 # the private names are patched in the module that uses them: catalog_manifest (_load_manifest),
 # catalog_fetch (_pip_download, _CHUNK, subprocess, shutil)
-from llcinfer import catalog, catalog_fetch, catalog_manifest
+from llcinfer import paths
+from llcinfer.model import catalog, catalog_fetch, catalog_manifest
 from llcinfer.cli.models import models
 from llcinfer.errors import CatalogError, DownloadError, LLCInferError, ModelFileError
 
@@ -77,9 +78,9 @@ def test_get_entry_is_case_insensitive():
 
 def test_home_default_and_env(monkeypatch, tmp_path):
     monkeypatch.delenv("LLCINFER_HOME", raising=False)
-    assert catalog.llcinfer_home() == Path.home() / ".cache" / "llcinfer"
+    assert paths.home() == Path.home() / ".cache" / "llcinfer"
     monkeypatch.setenv("LLCINFER_HOME", str(tmp_path))
-    assert catalog.llcinfer_home() == tmp_path
+    assert paths.home() == tmp_path
     assert catalog.cached_path("smollm2-135m") == tmp_path / "models" / "smollm2-135m.gguf"
 
 

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from llcinfer.chat_template import ChatTemplate
+from llcinfer.model.chat_template import ChatTemplate
 from llcinfer.errors import ChatTemplateError
-from llcinfer.tokenizer import Tokenizer
+from llcinfer.model.tokenizer import Tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "You are a terse bot."},
@@ -24,7 +24,7 @@ _CACHE: dict = {}
 def real_template(name: str) -> ChatTemplate:
     """ChatTemplate.from_metadata of a catalog model (loaded once per session)."""
     if name not in _CACHE:
-        from llcinfer.gguf_file import GGUFFile
+        from llcinfer.model.gguf_file import GGUFFile
 
         meta = GGUFFile(model_path(name)).metadata
         _CACHE[name] = ChatTemplate.from_metadata(meta, Tokenizer.from_metadata(meta))

@@ -1,14 +1,16 @@
-"""The dependency-driven executor: equal to the simple path, no deadlock or lost wake-up,
+"""The dependency-driven executor: equal to the batched forward pass, no deadlock or lost wake-up,
 errors propagate and leave it usable."""
 
 import numpy as np
 import pytest
 
+from llcinfer.dtypes import KV_F16
+from llcinfer.engine.runner import ModelRunner
 from llcinfer.executor import DecodeExecutor, Domains, ExecutorError, Tiles, WorkerPool, unsupported_reason
-from llcinfer.executor.graph import Graph, barrier_ns, chain, handoff_ns
+from task_graphs import Graph, barrier_ns, chain, handoff_ns
 from llcinfer.executor.tiles import F_KIND, FAIL
-from llcinfer.gguf_file import GGUFFile
-from llcinfer.model import Transformer
+from llcinfer.model.gguf_file import GGUFFile
+from llcinfer.engine.transformer import Transformer
 from tiny_models import isolated_runtime, write_tiny_model
 
 
@@ -49,7 +51,7 @@ DOMAINS = [Domains(weight=(None,)), Domains(weight=(None, None)), Domains(weight
 @pytest.mark.parametrize("qtype,arch", [("Q8_0", "llama"), ("Q4_1", "qwen2"), ("Q4_K", "llama"), ("Q6_K", "qwen2")])
 @pytest.mark.parametrize("dom", range(len(DOMAINS)))
 def test_executor_equals_simple_path(tiny, qtype, arch, dom):
-    """The simple path's logits (to float rounding: fastmath may order the RMSNorm sums
+    """The batched path's logits (to float rounding: fastmath may order the RMSNorm sums
     differently where it is inlined) and its greedy tokens, for 1 and 3 sequences."""
     path = tiny(qtype, arch=arch) if arch == "llama" else tiny(qtype, arch=arch)
     ref = Transformer(GGUFFile(path))
@@ -71,17 +73,23 @@ def test_executor_equals_simple_path(tiny, qtype, arch, dom):
 
 
 def test_executor_attention_splits_match_merge(tiny):
-    """Long-context splits (partials + merge tasks) agree with one split to rounding."""
+    """Long-context splits (partials + merge tasks) agree with one split to rounding, and a
+    row merged beside a longer row (more slots than its own parts) gives the same bits."""
     path = tiny("Q8_0")
     m = Transformer(GGUFFile(path))
     ex = DecodeExecutor(m, Domains(weight=(None, None)))
-    seqs = _prefilled(m, [list(range(1, 90))], n_ctx=128)
-    fork = seqs[0].fork("copy")
-    one = ex.step(seqs, [5])
-    ex.n_splits = lambda M, n_keys: 3  # force 3 key-block splits per head
-    three = ex.step([fork], [5])
-    assert ex.last_program.n_splits == 3
-    np.testing.assert_allclose(three, one, rtol=1e-4, atol=1e-4)
+    short, long = _prefilled(m, [list(range(1, 30)), list(range(1, 250))], n_ctx=300)
+    forks = [long.fork("l2"), short.fork("s3"), long.fork("l3")]
+    split = ex.step([long], [5])
+    assert ex.last_program.n_splits == 4  # 250 keys, 2 workers, 2 kv heads
+    ex.split_threads = 1  # one part per row
+    one = ex.step([forks[0]], [5])
+    assert ex.last_program.n_splits == 1
+    np.testing.assert_allclose(split, one, rtol=1e-4, atol=1e-4)
+    ex.split_threads = 2
+    alone = ex.step([short], [5])
+    beside = ex.step([forks[1], forks[2]], [5, 5])  # the short row's one part among 4 slots
+    assert np.array_equal(beside[0], alone[0])
     ex.close()
 
 
@@ -192,34 +200,35 @@ def test_sync_microbenchmark_runs():
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_real_model_greedy_same_on_executor(name):
     """24 greedy tokens of a real model: the executor (shared and split domains) gives the
-    simple path's tokens."""
+    batched path's tokens."""
     from real_models import real_model_path
 
     model = Transformer(GGUFFile(real_model_path(name)))
     prompt = [1, 504, 3458, 1781, 2384, 359, 1411]
 
-    def greedy(n=24):
+    def greedy(decode=None, n=24):
         cache = model.new_cache(64)
         logits, out = model.forward(prompt, cache), []
         for _ in range(n):
             out.append(int(np.argmax(logits)))
-            logits = model.forward([out[-1]], cache)
+            logits = decode([cache], out[-1:])[0] if decode else model.forward([out[-1]], cache)
         return out
 
     want = greedy()
     for dom in (Domains(weight=(None, None)), Domains(weight=(None,), attention=(None,))):
-        assert model.use_executor(dom) is None
-        assert greedy() == want
-    model.use_executor(None)
+        runner = ModelRunner(model, KV_F16, dom)
+        assert runner.executor_note is None
+        assert greedy(runner.decode) == want
+        runner.close()
 
 
 def test_llm_runs_the_plan_on_the_executor():
     from llcinfer import LLM
 
     llm = LLM("smollm2-135m", threads=2, n_ctx=256, progress=False)
-    assert llm.executor_note is None and llm.model.executor is not None
+    assert llm.executor_note is None and llm.engine.runner.executor is not None
     assert llm.plan is not None and llm.plan.kind in ("shared", "split")
-    cores = set(llm.model.executor.domains.cores)
+    cores = set(llm.engine.runner.executor.domains.cores)
     assert cores == {c for d in llm.plan.domains for c in d.cores}
     text = llm.generate("The three primary colors are", max_tokens=12, temperature=0)
     assert len(text) > 0

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from llcinfer.errors import ContextLengthError
-from llcinfer.gguf_file import GGUFFile
-from llcinfer.model import Transformer
-from llcinfer.reference import ReferenceModel
-from llcinfer.sampling import SamplingParams
+from llcinfer.model.gguf_file import GGUFFile
+from llcinfer.engine.transformer import Transformer
+from llcinfer.engine.reference import ReferenceModel
+from llcinfer.engine.sampling import SamplingParams
 
 from tiny_models import ALL_TYPES, EOS_ID, VOCAB_SIZE, isolated_runtime, write_tiny_model
 
@@ -221,8 +221,9 @@ def test_llm_greedy_generation_matches_reference(llm_and_ref):
     llm, ref = llm_and_ref
     prompt = llm.tokenize("hello the world, in here")
     assert 5 < len(prompt) < 40
-    got = list(llm.engine.generate_ids(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))
-    assert len(got) == 8 and llm.last_stats.stop_reason == "length"
+    done = llm.engine.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    got = done.token_ids
+    assert len(got) == 8 and done.stop_reason == "length"
     seq = list(prompt)
     for step, tok in enumerate(got):
         logits = ref.logits(seq)[-1]

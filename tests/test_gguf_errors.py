@@ -15,10 +15,10 @@ import pytest
 from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as QT
 
-from llcinfer.catalog import DEFAULT_MODEL
+from llcinfer.model.catalog import DEFAULT_MODEL
 from llcinfer.errors import ContextLengthError, ModelFileError, UnsupportedModelError, UsageError
-from llcinfer.gguf_file import GGUFFile
-from llcinfer.model import Transformer
+from llcinfer.model.gguf_file import GGUFFile
+from llcinfer.engine.transformer import Transformer
 
 from tiny_models import isolated_runtime, random_weight, write_tiny_model
 

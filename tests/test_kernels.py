@@ -15,7 +15,6 @@ from gguf import quants as gguf_quants
 from llcinfer.errors import ModelFileError
 from llcinfer.kernels import Linear, linear_many, rms_norm, rope_inplace, swiglu
 from llcinfer.kernels import isa as isa_mod
-from llcinfer.kernels.attention import attention, attention_parallel, attention_serial
 from llcinfer.kernels.simd import make_tag
 
 from tiny_models import ALL_TYPES, FLOAT_TYPES, K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, fake_tensor
@@ -309,67 +308,6 @@ def test_swiglu_extreme_gates(isa):
         ref = g / (1.0 + np.exp(-g)) * 2.0
     assert np.all(np.isfinite(y)), y
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
-
-
-# ---------------------------------------------------------------------------- attention
-def attention_oracle(q, k, v, n_past, scale):
-    """float64 causal GQA softmax attention; query row m is at position n_past + m."""
-    M, H, D = q.shape
-    KVH = k.shape[1]
-    group = H // KVH
-    out = np.empty((M, H, D))
-    for m in range(M):
-        T = n_past + m + 1
-        for h in range(H):
-            kv = h // group
-            s = k[:T, kv].astype(np.float64) @ q[m, h].astype(np.float64) * float(scale)
-            p = np.exp(s - s.max())
-            p /= p.sum()
-            out[m, h] = p @ v[:T, kv].astype(np.float64)
-    return out
-
-
-ATTN_KERNELS = {"serial": attention_serial, "parallel": attention_parallel, "dispatch": attention}
-
-
-@pytest.mark.parametrize("D", [16, 64])
-@pytest.mark.parametrize("group", [1, 2, 3])
-@pytest.mark.parametrize("variant", list(ATTN_KERNELS))
-def test_attention(variant, group, D):
-    fn = ATTN_KERNELS[variant]
-    KVH = 2
-    H = KVH * group
-    scale = np.float32(1.0 / np.sqrt(D))
-    for M in MS:
-        for n_past in (0, 1, 33, 129):
-            rng = np.random.default_rng(M * 1000 + n_past + D)
-            T = n_past + M + 5  # spare positions past the filled ones hold NaN: never read
-            k = np.full((T, KVH, D), np.nan, np.float32)
-            v = np.full((T, KVH, D), np.nan, np.float32)
-            k[:n_past + M] = rng.standard_normal((n_past + M, KVH, D)) * 2.0  # peaked softmax
-            v[:n_past + M] = rng.standard_normal((n_past + M, KVH, D))
-            q = (rng.standard_normal((M, H, D)) * 2.0).astype(np.float32)
-            out = np.full((M, H, D), np.nan, np.float32)
-            fn(q, k, v, n_past, scale, out)
-            ref = attention_oracle(q, k, v, n_past, scale)
-            err = np.abs(out - ref).max()
-            assert err <= 2e-5 * np.abs(v[:n_past + M]).max(), f"M={M} n_past={n_past}: max err {err:.3g}"
-
-
-def test_attention_large_scores_do_not_overflow():
-    """Scores in the hundreds: the online softmax must rescale, not overflow."""
-    rng = np.random.default_rng(2)
-    M, H, D, n_past = 3, 2, 16, 40
-    k = (rng.standard_normal((n_past + M, 1, D)) * 30).astype(np.float32)
-    v = rng.standard_normal((n_past + M, 1, D)).astype(np.float32)
-    q = (rng.standard_normal((M, H, D)) * 30).astype(np.float32)
-    scale = np.float32(1.0 / np.sqrt(D))
-    ref = attention_oracle(q, k, v, n_past, scale)
-    for fn in (attention_serial, attention_parallel):
-        out = np.empty((M, H, D), np.float32)
-        fn(q, k, v, n_past, scale, out)
-        assert np.all(np.isfinite(out))
-        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------- llama.cpp input rounding

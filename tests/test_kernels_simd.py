@@ -16,7 +16,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from llcinfer.kernels import Linear, linear_many
 from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels.act_quant import ACT_Q8_0, ACT_Q8_K, quantize_activations, quantize_activations_int
-from llcinfer.kernels.repack import repack, unpack
+from llcinfer.weights.repack import repack, unpack
 from llcinfer.kernels.simd import lanes
 
 from tiny_models import K_QUANTS, LEGACY_QUANTS, QUANT_TYPES, FakeTensor, fake_tensor, random_quant_bytes
@@ -121,7 +121,7 @@ def test_simd_matmul_extreme_values(isa, qtype, fill):
 
 
 def test_block_bytes_agree_with_repack():
-    from llcinfer.kernels.repack import BLOCK_BYTES_PER_ROW
+    from llcinfer.weights.repack import BLOCK_BYTES_PER_ROW
     from llcinfer.kernels.vnni_blocks import block_bytes
 
     for qt, nbytes in BLOCK_BYTES_PER_ROW.items():

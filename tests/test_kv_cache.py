@@ -5,16 +5,17 @@ attention kernel for f32 / f16 / int8 storage against the NumPy oracle."""
 import numpy as np
 import psutil
 import pytest
-from test_kernels import attention_oracle
+from naive import attention_oracle
 from tiny_models import isolated_runtime, write_tiny_model
 
 from llcinfer.errors import OutOfMemoryError, UsageError
-from llcinfer.gguf_file import GGUFFile
+from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.kernels.paged_attention import paged_attention, paged_attention_parallel, paged_attention_serial
 from llcinfer.kernels.tables import F16_TO_F32
 from llcinfer.kv import KVPool, PagedSequence, PrefixCache
-from llcinfer.model import Transformer
-from llcinfer.sampling import SamplingParams
+from llcinfer.engine.reference import ReferenceModel
+from llcinfer.engine.transformer import Transformer
+from llcinfer.engine.sampling import SamplingParams
 
 SEQ = [3, 200, 17, 262, 45, 45, 99, 1, 150, 7, 271, 64, 33, 128, 0, 255, 80, 12, 9, 77, 31, 5, 240, 66, 101]
 
@@ -75,7 +76,7 @@ def test_commit_and_release_follow_the_tokens():
     L, KVH, D, bs = 4, 4, 64, 64
     pool, _, seq = make_seq(L, KVH, D, bs, n_blocks=4096, kv_type="f32")  # reserves 4096 blocks
     assert pool.reserved_bytes >= 1 << 30
-    from llcinfer.kernels.repack_cache import wait_loaded
+    from llcinfer.weights.repack_cache import wait_loaded
 
     wait_loaded()  # an earlier test's weights moving onto 2 MiB pages would grow the RSS meanwhile
     proc = psutil.Process()
@@ -227,9 +228,9 @@ def fresh_logits(tm, ids, kv_type="f32"):
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "int8"])
-def test_paged_forward_matches_contiguous(tiny, kv_type):
+def test_paged_forward_matches_reference(tiny, kv_type):
     path, tm = tiny
-    ref = tm.forward(SEQ, tm.new_cache(64, layout="contiguous"), all_logits=True)
+    ref = ReferenceModel(GGUFFile(path), llama_rounding=False).logits(SEQ)
     got = fresh_logits(tm, SEQ, kv_type)
     scale = np.abs(ref).max()
     tol = {"f32": 2e-5, "f16": 2e-2, "int8": 5e-2}[kv_type]
@@ -276,35 +277,6 @@ def test_prefix_sharing_copy_on_write_diverging_sequences(tiny):
     assert pool.n_committed == len(pool._cached) > 0
     pool.drop_cached()
     assert pool.n_committed == 0 and prefix.match(shared + tail_a)[0] == []
-
-
-def test_engine_batch_shares_a_system_prompt_and_survives_exhaustion(tiny):
-    from llcinfer.engine import Engine
-    from llcinfer.tokenizer import Tokenizer
-
-    path, tm = tiny
-    tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
-    system = SEQ[:12]
-    prompts = [system + [40 + i, 41, 42] for i in range(3)]
-    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    eng = Engine(tm, tok, n_ctx=64, n_batch=8, n_seq=4, block_size=4)
-    res = eng.generate_batch(prompts, params)
-    assert [r.error for r in res] == [None] * 3 and all(len(r.token_ids) == 5 for r in res)
-    assert [r.stats.n_prompt_evaluated for r in res] == [15, 3, 3]  # 12 system tokens shared
-    assert eng.prefix.stats.hit_tokens == 24
-    # each equals its own generation on an engine without sharing
-    solo = Engine(tm, tok, n_ctx=64, n_batch=8, prefix_sharing=False)
-    for p, r in zip(prompts, res):
-        solo.reset()
-        assert list(solo.generate_ids(p, params)) == r.token_ids
-    # exhaustion: a budget that fits the short prompts but not a long one
-    eng = Engine(tm, tok, n_ctx=64, n_batch=8, n_seq=4, block_size=4, prefix_sharing=False)
-    eng.pool.budget_blocks = 12
-    res = eng.generate_batch([SEQ[:6], SEQ * 2, SEQ[:5]], params)
-    assert isinstance(res[1].error, OutOfMemoryError) and res[1].stop_reason == "error"
-    assert "sequence" in str(res[1].error) and "budget" in str(res[1].error)
-    assert res[0].error is None and res[2].error is None and len(res[0].token_ids) == len(res[2].token_ids) == 5
-    assert eng.pool.n_committed == 0
 
 
 def test_llm_kv_type_and_chat_turn_reuse(tiny):

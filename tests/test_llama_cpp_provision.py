@@ -20,6 +20,7 @@ import pytest
 _MODULE_PATH = Path(__file__).resolve().parents[1] / "perf" / "llama_cpp.py"
 
 
+from llcinfer import paths  # noqa: E402
 from llcinfer.bench import llama_cpp as lc  # noqa: E402
 
 ZEN4_FLAGS = set(
@@ -129,7 +130,7 @@ def test_cache_layout_under_llcinfer_home(home):
 
 def test_default_home(monkeypatch):
     monkeypatch.delenv("LLCINFER_HOME", raising=False)
-    assert lc.llcinfer_home() == Path.home() / ".cache" / "llcinfer"
+    assert paths.home() == Path.home() / ".cache" / "llcinfer"
     assert lc.bin_dir("native") == Path.home() / ".cache" / "llcinfer" / "llama.cpp" / "native" / "bin"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels import paged_attention as pa
-from llcinfer.kernels.jit import kernel
+from llcinfer.jit import kernel
 from llcinfer.kernels.simd import lanes, make_tag, vlanes, vloadf, vstore
 from llcinfer.kernels.simd_math import vexp, vhmax, vhsum, vmaxf
 from llcinfer.kernels.tables import F16_TO_F32
@@ -177,7 +177,8 @@ def test_task_called_directly_with_a_tag(isa):
             else:
                 pa._task(q, *case.args(0), 690, scale, S, t, pmax, psum, pacc, tag)
         out = np.empty_like(q)
-        pa._merge(pmax, psum, pacc, S, case.KVH, out)
+        for mk in range(case.KVH):
+            pa.merge_partials(pmax, psum, pacc, 0, mk, S, case.KVH, out)
         case.check(out, q, 0, 690, scale)
         outs.append(out)
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-5 * np.abs(case.v).max())

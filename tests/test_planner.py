@@ -10,13 +10,14 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from real_models import real_model_path
 
-from llcinfer.architectures.base import ModelConfig
+from llcinfer.model.architectures.base import ModelConfig
 from llcinfer.errors import UsageError
 from llcinfer.planner import (Calibration, Plan, Rates, detect_machine, effective_llc_bytes, list_topologies,
                               load_topology, make_plan, predict, workload_from_gguf, workload_from_model)
-from llcinfer.planner.bandwidth import probe_curve, synthetic_curve
+from llcinfer.hw.bandwidth import probe_curve, synthetic_curve
 from llcinfer.planner.candidates import budget_cores, layouts, split_layers
-from llcinfer.planner.machine import Machine, format_cpulist, parse_cpulist
+from llcinfer.hw.machine import Machine
+from llcinfer.hw.sysfs import format_cpulist, parse_cpulist
 from llcinfer.planner.plan import build
 from llcinfer.planner.workload import LayerBytes, Workload
 
@@ -123,8 +124,8 @@ def test_tiny_probe_and_synthetic_curve():
 
 
 def test_workload_from_gguf_matches_the_loaded_model():
-    from llcinfer.gguf_file import GGUFFile
-    from llcinfer.model import Transformer
+    from llcinfer.model.gguf_file import GGUFFile
+    from llcinfer.engine.transformer import Transformer
 
     path = real_model_path("smollm2-135m")
     w = workload_from_gguf(path, ctx=1024, concurrency=2)

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from real_models import real_gguf, real_model_path
 
-from llcinfer.engine import Engine
-from llcinfer.model import Transformer
-from llcinfer.reference import ReferenceModel
-from llcinfer.sampling import SamplingParams
-from llcinfer.tokenizer import Tokenizer
+from llcinfer.engine.loop import Engine
+from llcinfer.engine.transformer import Transformer
+from llcinfer.engine.reference import ReferenceModel
+from llcinfer.engine.sampling import SamplingParams
+from llcinfer.model.tokenizer import Tokenizer
 
 TEXT = (
     "The history of computing is longer than the history of computing hardware and modern "
@@ -57,8 +57,8 @@ def test_smollm2_incremental_decode_matches_batch(smollm2):
 def test_smollm2_greedy_32_tokens_equal_oracle(smollm2):
     f, model, ref, tok = smollm2
     prompt = _prompt(tok, 24)
-    engine = Engine(model, tok, n_ctx=128, n_batch=16)
-    fast = list(engine.generate_ids(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)))
+    engine = Engine(model, tok, n_ctx=128, step_tokens=16)
+    fast = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0].token_ids
     seq = list(prompt)
     for _ in range(32):
         seq.append(int(ref.logits(seq)[-1].argmax()))

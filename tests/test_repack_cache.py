@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llcinfer import file_pages
-from llcinfer.gguf_file import GGUFFile
+from llcinfer.weights import file_pages
+from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.kernels import Linear
 from llcinfer.kernels import isa as isa_mod
-from llcinfer.kernels import repack as rp
-from llcinfer.kernels import page_cache
-from llcinfer.kernels import repack_cache as rc
+from llcinfer.weights import repack as rp
+from llcinfer.weights import page_cache
+from llcinfer.weights import repack_cache as rc
 from llcinfer.kernels.simd import lanes
-from llcinfer.model import Transformer
+from llcinfer.engine.transformer import Transformer
 
 from tiny_models import QUANT_TYPES, fake_tensor, isolated_runtime, write_tiny_model
 
@@ -360,27 +360,26 @@ def test_mapped_at_once_then_moved_to_huge_pages(models, cache, monkeypatch):
 def test_engine_moves_the_weights_after_the_first_token(models, cache):
     """Loading and the first token run on the file's map; the engine's first decode step
     starts the move (a thread), and later steps see it finish; output unchanged."""
-    from llcinfer.engine import Engine
-    from llcinfer.sampling import SamplingParams
-    from llcinfer.tokenizer import Tokenizer
+    from llcinfer.engine.loop import Engine
+    from llcinfer.engine.sampling import SamplingParams
+    from llcinfer.model.tokenizer import Tokenizer
 
     path = models("Q4_K")
     packed_all(path, ISAS[0])  # build the file
     rc.clear()
     gguf = GGUFFile(path)
     model = Transformer(gguf)
-    model.warm_up()
-    eng = Engine(model, Tokenizer.from_metadata(gguf.metadata), n_ctx=64, n_batch=8)
+    eng = Engine(model, Tokenizer.from_metadata(gguf.metadata), n_ctx=64, step_tokens=8)
+    eng.runner.warm_up(eng.new_sequence)
     queued = [p for p in rc._loading if p._move_fd is not None]
     assert len(queued) == int(file_pages.supported())  # opened, not moving
-    first = list(eng.generate_ids([1, 5, 9], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    first = eng.generate([[1, 5, 9]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))[0].token_ids
     assert all(p._move_fd is not None for p in queued)  # the first token did not start it
-    eng.reset()
-    ids = list(eng.generate_ids([1, 5, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)))
+    ids = eng.generate([[1, 5, 9]], params)[0].token_ids
     assert all(p._move_fd is None for p in queued)  # a decode step did
     assert rc.wait_loaded() and ids[:1] == first
-    eng.reset()
-    assert list(eng.generate_ids([1, 5, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))) == ids
+    assert eng.generate([[1, 5, 9]], params)[0].token_ids == ids
 
 
 def test_move_reads_consistent_bytes_while_kernels_read(tmp_path):
@@ -433,7 +432,7 @@ def test_file_cut_while_loading_is_a_clear_error(models, cache):
 
 
 def test_hugepages_setting_is_validated(monkeypatch):
-    from llcinfer import hugepages
+    from llcinfer.weights import hugepages
     from llcinfer.errors import UsageError
 
     for value, on in (("1", True), ("on", True), ("0", False), ("off", False)):

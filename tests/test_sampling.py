@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llcinfer.errors import UsageError
-from llcinfer.sampling import Sampler, SamplingParams, StopMatcher, _top_indices
+from llcinfer.engine.sampling import Sampler, SamplingParams, StopMatcher, _top_indices
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
 

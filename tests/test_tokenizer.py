@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from llcinfer.errors import TokenizerError
-from llcinfer.tokenizer import _PRE_TYPES, Tokenizer, _byte_decoder
+from llcinfer.model.tokenizer import _PRE_TYPES, Tokenizer, _byte_decoder
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 GOLDEN = {"smollm": "smollm2-135m", "qwen2": "qwen2.5-coder-0.5b"}  # fixture vocab -> model file
@@ -138,7 +138,7 @@ _CACHE: dict = {}
 def real_tokenizer(vocab: str) -> Tokenizer:
     """The tokenizer of a catalog model (loaded once per test session)."""
     if vocab not in _CACHE:
-        from llcinfer.gguf_file import GGUFFile
+        from llcinfer.model.gguf_file import GGUFFile
 
         _CACHE[vocab] = Tokenizer.from_metadata(GGUFFile(model_path(GOLDEN[vocab])).metadata)
     return _CACHE[vocab]

@@ -22,10 +22,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import catalog
+from ..model import catalog
 from . import llama_bench
 from .ours import OursBench
-from .probe import ReadProbe
+from ..hw.probe import ReadProbe
 from .report import LLAMA, OURS, Record, mark_anchors
 
 N_CTX_MARGIN = 16

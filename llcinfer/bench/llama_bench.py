@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..kernels.jit import child_env
+from ..jit import child_env
 from . import llama_cpp
 
 
@@ -125,3 +126,36 @@ def find_builds(user_exe: str | os.PathLike | None = None, build: bool = False, 
     elif not builds:
         notes.append("no llama.cpp build available; measuring llcinfer only")
     return builds, notes
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llcinfer")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "unknown"
+
+
+def llama_cpp_version(exe: str | os.PathLike | None) -> str | None:
+    """``llama-bench --version`` first line (e.g. "version: 0.6.0-dev (build 0, commit unknown)")."""
+    if exe is None:
+        return None
+    try:
+        p = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (p.stdout + p.stderr).splitlines():
+        if line.startswith("version"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def versions(llama_bench: str | os.PathLike | None) -> dict:
+    import llvmlite
+    import numba
+    import numpy
+
+    return {"llcinfer": _package_version(), "numba": numba.__version__, "llvmlite": llvmlite.__version__,
+            "numpy": numpy.__version__, "python": platform.python_version(),
+            "llama.cpp": llama_cpp_version(llama_bench)}

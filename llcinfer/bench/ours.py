@@ -1,8 +1,9 @@
 """Our side of the benchmark: llama-bench's methodology on an ``LLM``.
 
 Load once per (model, threads); fill the KV cache to the depth once per depth (untimed);
-each pp repetition runs ``n`` random tokens in batches of the engine's n_batch, each tg
-repetition feeds ``n`` random tokens one at a time (no sampling, as llama-bench), and the
+each pp repetition runs ``n`` random tokens in chunks of the step loop's token budget, each tg
+repetition feeds ``n`` random tokens one at a time through the runner's decode rows (no
+sampling, as llama-bench), and the
 cache is rolled back to the depth (``cache.truncate``) before every repetition.
 """
 
@@ -14,7 +15,7 @@ import time
 import numpy as np
 
 from ..api import LLM
-from ..kernels.repack_cache import wait_loaded
+from ..weights.repack_cache import wait_loaded
 from .report import kv_bytes_read
 
 
@@ -27,8 +28,9 @@ class OursBench:
         self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False)
         wait_loaded()  # measure the steady state: weights on 2 MiB pages, not the file's map
         self.model = self.llm.model
-        self.cache = self.llm.engine.cache
-        self.n_batch = self.llm.engine.n_batch
+        self.runner = self.llm.engine.runner  # decode rows run as the step loop runs them
+        self.cache = self.llm.engine.new_sequence("bench")
+        self.n_batch = self.llm.engine.scheduler.max_step_tokens
         self.cfg = self.model.config
         self.depth = 0
         self.fill = None  # how the current depth was filled
@@ -73,7 +75,7 @@ class OursBench:
         toks = self._tokens(n)
         t0 = time.perf_counter()
         for tok in toks:
-            self.model.forward([tok], self.cache)
+            self.runner.decode([self.cache], [tok])
         dt = time.perf_counter() - t0
         self.cache.truncate(self.depth)
         return dt
@@ -82,7 +84,7 @@ class OursBench:
         """Compile and touch every kernel path (batched and single-token)."""
         self.cache.truncate(self.depth)
         self._run_batches(min(self.n_batch, 8))
-        self.model.forward([0], self.cache)
+        self.runner.decode([self.cache], [0])
         self.cache.truncate(self.depth)
 
     # -- depth -----------------------------------------------------------------------------
@@ -131,7 +133,7 @@ class OursBench:
         return self.fill
 
     def _synthetic(self, start: int, stop: int) -> None:
-        c = self.cache  # paged (llcinfer.kv) or contiguous: read / store per layer
+        c = self.cache  # read / store per layer
         shape = (stop - start, self.cfg.n_kv_head, self.cfg.head_dim)  # [token, kv_head, head_dim]
         for layer in range(self.cfg.n_layer):
             refs = c.read(layer, 0, start) if start else (None, None)  # [start, kv_head, head_dim] each

@@ -47,7 +47,8 @@ def _int_list(value: str, what: str, minimum: int) -> list[int]:
 def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_path, build_llama_cpp,
           alternate, fill, fill_limit, json_path, plot_path):
     """Measure prompt (ppP) and generation (tgN @ dD) speed, optionally against llama.cpp."""
-    from ..bench import llama_bench, machine, report
+    from ..bench import llama_bench, report
+    from ..hw import cpu as machine
     from ..bench.compare import BenchSettings, log, run_bench
 
     thread_list = _int_list(threads, "--threads", 1)
@@ -71,7 +72,7 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
         for note in notes:
             click.echo(f"note: {note}", err=True)
     info = machine.machine_info(thread_list)
-    vers = machine.versions(next(iter(builds.values()), None))
+    vers = llama_bench.versions(next(iter(builds.values()), None))
     vers["llama.cpp builds"] = {b: str(p) for b, p in builds.items()}
     meta = {**settings.__dict__, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     records: list = []

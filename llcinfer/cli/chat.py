@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
 from .options import kv_options, model_options, sampling_kwargs, sampling_options
 
 HELP = "commands: /reset (clear history), /exit (quit); Ctrl-C stops a reply, Ctrl-D exits"

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import UsageError
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
 from .options import kv_options, model_options, sampling_kwargs, sampling_options
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .. import catalog
+from .. import paths
+from ..model import catalog
 
 
 def _size_mb(n: int) -> str:
@@ -39,7 +40,7 @@ def models(ctx: click.Context) -> None:
     for r in [header, *rows]:
         cells = [c.rjust(w) if i == 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
         click.echo("  ".join(cells).rstrip())
-    click.echo(f"\n* default model ({catalog.DEFAULT_MODEL}); cache: {catalog.models_dir()}")
+    click.echo(f"\n* default model ({catalog.DEFAULT_MODEL}); cache: {paths.models_dir()}")
 
 
 @models.command("fetch")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
 
 _D = SamplingParams()
 

@@ -25,9 +25,9 @@ from ..errors import UsageError
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, as_json):
     """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why."""
-    from .. import catalog
+    from ..model import catalog
     from ..planner import detect_machine, load_topology, make_plan, workload_from_gguf
-    from ..planner.bandwidth import curve_path, probe_curve, save_curve
+    from ..hw.bandwidth import curve_path, probe_curve, save_curve
     from ..planner.workload import KV_ITEMSIZE
 
     if ctx < 1 or concurrency < 1:

@@ -14,13 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import KV_INT8
 from ..errors import UnsupportedModelError
+from ..hw.machine import detect_topology
 from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
-from ..kernels.paged_attention import n_splits_for
+from ..kernels.paged_attention import split_count
 from ..kernels.simd import lanes, make_tag
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
 from .program import Program, Shapes, Tiles, build_program
+from .step_args import pack
 from .step_kernel import step_prologue, step_prologue_rows
 from .workers import ExecutorError, WorkerPool
 
@@ -44,9 +47,7 @@ class Domains:
 
 def default_domains(threads: int) -> Domains:
     """One shared domain on ``threads`` distinct physical cores (no plan: benchmarks, tests)."""
-    from ..planner import detect_machine
-
-    cores = detect_machine(probe=False).physical_cores()
+    cores = detect_topology().physical_cores()
     n = max(1, min(int(threads), len(cores)))
     return Domains(weight=tuple(cores[:n]))
 
@@ -54,7 +55,7 @@ def default_domains(threads: int) -> Domains:
 def unsupported_reason(model) -> str | None:
     """Why the executor cannot run this model (None: it can)."""
     if not model.llama_rounding:
-        return "exact-f32 numerics run on the simple path"
+        return "exact-f32 numerics run on the batched path"
     w = model.weights
     lins = [m for lw in w.layers for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)] + [w.output]
     if not all(lin.simd for lin in lins):
@@ -109,6 +110,7 @@ class DecodeExecutor:
         n_w = len(domains.weight)
         self._weight_ids = list(range(n_w))
         self._attn_ids = list(range(n_w, n_w + len(domains.attention)))
+        self.split_threads = len(self._attn_ids) or self.workers.n  # a row's attention is split for these (split_count)
         self._programs: dict[tuple, Program] = {}
         self._buffers: dict[tuple, dict] = {}
         self._jobs: dict[tuple, dict] = {}  # (M, splits) -> the step's arguments (_job)
@@ -181,10 +183,9 @@ class DecodeExecutor:
             )
         return self._buffers[key]
 
-    def n_splits(self, M: int, n_keys: int) -> int:
-        n_att = len(self._attn_ids) or self.workers.n
-        bs = self.model_block_size
-        return n_splits_for(M, self.config.n_kv_head, -(-n_keys // bs), n_att)
+    def n_splits(self, n_keys: int) -> int:
+        """Attention parts per row of a step whose longest row has ``n_keys`` keys."""
+        return split_count(n_keys, self.model_block_size, self.config.n_kv_head, self.split_threads)
 
     # ------------------------------------------------------------------ the step
     def _job(self, M: int, S: int, pool, nb: int) -> dict:
@@ -202,13 +203,14 @@ class DecodeExecutor:
             pos = np.zeros(M, np.int64)  # [M] rows' positions
             tables = np.zeros((M, cap), np.int32)  # [M, blocks] pool block ids of row m's sequence
             seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
-            args = (prog.ops, prog.order, b["counters"], self.mat_table, self.tag, b["x"], b["hpriv"], b["qpriv"],
-                    b["dpriv"], b["spriv"], b["qb"], b["kb"], b["vb"], b["attn"], b["gate"], b["up"], b["act"],
-                    b["ytmp"], b["logits"], self.attn_norm,
-                    self.ffn_norm, m.weights.output_norm, np.float32(c.rms_eps), self.bq, self.bk, self.bv,
-                    self.has_bias, b["rope_cs"], c.rope_neox, True, F16_TO_F32, pos, seq_idx, tables, pool.data,
-                    pool.data_f32, pool.kind, pool.group, pool.scale_offset, pool.block_size, m.scale, b["pmax"],
-                    b["psum"], b["pacc"], prof)
+            args = pack(dict(
+                ops=prog.ops, order=prog.order, counters=b["counters"], mats=self.mat_table, tag=self.tag,
+                **{k: b[k] for k in ("x", "hpriv", "qpriv", "dpriv", "spriv", "qb", "kb", "vb", "attn", "gate", "up",
+                                     "act", "ytmp", "logits", "rope_cs", "pmax", "psum", "pacc")},
+                attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, out_norm=m.weights.output_norm,
+                eps=np.float32(c.rms_eps), bq=self.bq, bk=self.bk, bv=self.bv, has_bias=self.has_bias,
+                neox=c.rope_neox, round_q=True, lut=F16_TO_F32, pos=pos, seq=seq_idx, tables=tables,
+                split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof))
             job = dict(args=args, prog=prog, buffers=b, pos=pos, tables=tables, pool=pool, prof=prof,
                        ids=np.zeros(M, np.int64))  # ids: [M] this step's tokens
             self._jobs[key] = job
@@ -235,13 +237,13 @@ class DecodeExecutor:
         pool = seqs[0].pool
         if any(s.pool is not pool for s in seqs):
             raise ValueError("executor step: every sequence must live in one KV pool")
-        if pool.kind not in (0, 1):
-            raise UnsupportedModelError("executor: int8 KV cache runs on the simple path")
+        if pool.kind == KV_INT8:
+            raise UnsupportedModelError("executor: int8 KV cache runs on the batched path")
         for s, t in zip(seqs, ids):
             s.prepare((t,))
         nb = max(s.n_blocks for s in seqs)
         self.model_block_size = pool.block_size
-        S = self.n_splits(M, max(s.n_tokens for s in seqs) + 1)
+        S = self.n_splits(max(s.n_tokens for s in seqs) + 1)
         job = self._job(M, S, pool, nb)
         pos, tables, id_buf = job["pos"], job["tables"], job["ids"]
         for i, s in enumerate(seqs):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..architectures.base import ModelConfig
+from ..model.architectures.base import ModelConfig
 from .tiles import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2, F_NPART,
                     F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
                     QKV, ROPE, WO)

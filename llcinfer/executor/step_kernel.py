@@ -12,7 +12,8 @@ quantization, or quantization only), so no hand-off is needed for it.
 Per layer, with G = H / KVH query heads per KV head:
     QKV      tiles: per KV group j, [k_j, v_j, q_{jG} .. q_{jG+G-1}]   -> head_ready[j]
     ROPE     tile j waits head_ready[j] == G + 2; bias, rope, KV append  -> rope_done[j]
-    ATTN     tile (m, j, s) waits rope_done[j]; S = 1: writes attn      -> attn_done
+    ATTN     tile (m, j, s) waits rope_done[j]; row m's part s (row_part; S = 1:
+             merged at once into attn)                                   -> attn_done
              (S > 1: partial results)                                    -> parts_done
     MERGE    (S > 1) waits parts_done == M*KVH*S; tile (m, j)            -> attn_done
     WO       waits attn_done == M*KVH; x[:, rows] += attn Wo[rows].T     -> wo_done
@@ -26,13 +27,15 @@ matmul rows, the region warm-up) are in tiles.py.
 
 import numpy as np
 
+from ..dtypes import KV_F16
 from ..kernels.activation import swiglu_cols
 from ..kernels.dequant import quant_get_rows
-from ..kernels.jit import kernel
+from ..jit import kernel
 from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
-from ..kernels.paged_attention import _task as attention_task
+from ..kernels.paged_attention import merge_partials, row_part
 from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
 from ..kernels.simd import addr, vlanes, vtag
+from .step_args import check_signature
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter
 from .tiles import (ABORT, ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
                     F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, FAIL, GATE_UP, LM_HEAD,
@@ -40,16 +43,12 @@ from .tiles import (ABORT, ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES
 
 
 @kernel
-def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], order [workers, max_ops]
-               mats, tag,  # packed weights [n_mats, 5]: M_ADDR, M_GROUPS, M_STRIDE, M_QT, M_KIND
-               x, hpriv, qpriv, dpriv, spriv,  # x [M, d] residual; private [workers, ...] inputs
-               qb, kb, vb, attn, gate, up, act, ytmp, logits,  # activations (see model.forward)
-               attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias,  # norms [L, d], biases [L, ...]
-               rope_cs, neox, round_q, lut, pos, seq, tables,  # rope [M, D/2, 2] cos/sin; rows' positions / sequences
-               pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale,  # paged KV pool
-               pmax, psum, pacc,  # attention partials [M*KVH*S, G(, D)]
-               prof):  # [workers, n_ops + 1, 2] cycles waiting / working per operator, accumulated (shape[0] 0: off)
-    """Run worker ``wid``'s operators for one step; returns 0, or the abort code.
+def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spriv, qb, kb, vb, attn, gate, up, act,
+               ytmp, logits, attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias, rope_cs, neox, round_q, lut,
+               pos, seq, tables, split_threads, pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale, pmax, psum,
+               pacc, prof):
+    """Run worker ``wid``'s operators for one step; returns 0, or the abort code.  The
+    arguments, their shapes and meaning: step_args.STEP_FIELDS.
 
     Each operator works on its micro-batch's rows [m0, m1) (fields F_M0, F_M1 after the
     N_FIELDS of the table), so the activation arrays are sliced per operator.  With
@@ -65,7 +64,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
     G = H // KVH
     vt = vtag(tag)
     # rope + KV append on vectors (f16 pool, D a multiple of 2W); else the scalar loops
-    rope_fast = kv_kind == 1 and rope_simd_ok(D, vlanes(vt)) and rope_cs.shape[1] * 2 == D
+    rope_fast = kv_kind == KV_F16 and rope_simd_ok(D, vlanes(vt)) and rope_cs.shape[1] * 2 == D
     xin = np.zeros((2, 3), np.int64)  # [activation kind, 3] addresses of this worker's int8 input (_views)
     cur0, cur1 = 0, x.shape[0]  # rows of the current views (all rows: one micro-batch)
     xu, qu, ku, vu, au = x, qb, kb, vb, attn
@@ -152,20 +151,15 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
                     return atomic_load(counters, ABORT)
                 if profiling:
                     tile_wait += cycle_counter() - w0
-                base = m * KVH * S
-                tl = t % (KVH * S)
-                q3 = qb[m:m + 1].reshape((1, H, D))
-                attention_task(q3, pool, pool_f32, lut, kv_kind, kv_group, kv_scale_off, tables[seq[m]], layer, KVH,
-                               bs, pos[m], scale, S, tl, pmax[base:], psum[base:], pacc[base:], tag)
-                if S == 1:  # normalise here (what the merge does for one split)
-                    for g in range(G):
-                        inv = np.float32(1.0) / psum[base + tl, g]
-                        for dd in range(D):
-                            attn[m, j * G + g, dd] = pacc[base + tl, g, dd] * inv
+                row_part(qb.reshape((qb.shape[0], H, D)), m, j, t % S, S, pool, pool_f32, lut, kv_kind, kv_group,
+                         kv_scale_off, tables[seq[m]], layer, KVH, bs, pos[m] + 1, scale, split_threads, pmax, psum,
+                         pacc, tag)  # this row's own parts: the same bits whatever rows run beside it
+                if S == 1:
+                    merge_partials(pmax, psum, pacc, m, j, 1, KVH, attn)
                 signal(counters, ops[o, F_DONE])
             elif kind == MERGE:
                 S = ops[o, F_TILE]
-                _merge_one(pmax, psum, pacc, m0 + t // KVH, t % KVH, S, KVH, attn)
+                merge_partials(pmax, psum, pacc, m0 + t // KVH, t % KVH, S, KVH, attn)
                 signal(counters, ops[o, F_DONE])
             else:
                 if not prepared:
@@ -217,28 +211,7 @@ def run_worker(wid, ops, order, counters,  # program: ops [n_ops, N_FIELDS], ord
     return 0
 
 
-@kernel
-def _merge_one(pmax, psum, pacc, m, j, S, KVH, out):
-    """out[m, heads of group j] = the S partial results combined (flash-decoding merge)."""
-    G = pmax.shape[1]
-    D = out.shape[2]
-    t0 = (m * KVH + j) * S
-    for g in range(G):
-        mx = pmax[t0, g]
-        for s in range(1, S):
-            mx = max(mx, pmax[t0 + s, g])
-        den = np.float32(0.0)
-        h = j * G + g
-        for dd in range(D):
-            out[m, h, dd] = 0.0
-        for s in range(S):
-            w = np.float32(np.exp(pmax[t0 + s, g] - mx))
-            den += w * psum[t0 + s, g]
-            for dd in range(D):
-                out[m, h, dd] += w * pacc[t0 + s, g, dd]
-        inv = np.float32(1.0) / den
-        for dd in range(D):
-            out[m, h, dd] *= inv
+check_signature(run_worker.py_func)
 
 
 @kernel

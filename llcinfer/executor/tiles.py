@@ -5,7 +5,7 @@ region's first weights, and the views of a worker's private int8 input
 (step_kernel.run_worker is the loop that uses them).
 """
 
-from ..kernels.jit import kernel
+from ..jit import kernel
 from ..kernels.simd import addr, prefetch_l2
 from ..kernels.vnni_matmul import group_rows
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, sched_yield

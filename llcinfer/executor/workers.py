@@ -24,17 +24,17 @@ import time
 
 import numpy as np
 
+from .. import settings
 from ..errors import LLCInferError, UsageError
 from .atomics import COUNTER_STRIDE
 from .step_kernel import C_CURRENT, C_FIN, C_GEN, C_RESULT, C_VERSION, run_worker, serve, wait_job
 from .tiles import ABORT, signal
 
-# LLCINFER_PIN: 'domain' (default) pins each worker to its domain's cores, 'core' to one core
+# LLCINFER_PIN (settings.pin_mode): 'domain' (default) pins each worker to its domain's cores, 'core' to one core
 # each, '0'/'none' leaves placement to the OS.  Per-core pinning is best on a dedicated
 # machine; on a shared host a pinned worker cannot leave a core another process is using
 # (measured here with one busy core: 13-15 ms vs 7.4-8.2 ms per SmolLM2 token), while a
 # domain's core set keeps it in its domain's caches and still lets the OS balance.
-PIN = os.environ.get("LLCINFER_PIN", "domain").lower()
 SPINS = 20_000  # PAUSEs a worker spins for the next job before it blocks (~0.1-1 ms)
 IDLE_CYCLES = 10_000_000  # cycle-counter ticks (~4 ms here) a serving worker waits for the next step
 
@@ -66,7 +66,7 @@ def _pin(cpus: set[int] | None) -> set[int] | None:
 def placement(cores: list[int | None], domain_of: list[int] | None = None, mode: str | None = None) -> list:
     """The CPU set each worker is pinned to under LLCINFER_PIN ``mode`` (see PIN):
     worker w's core, the cores of its domain (workers with equal ``domain_of``), or None."""
-    mode = PIN if mode is None else mode
+    mode = settings.pin_mode() if mode is None else mode
     if mode not in ("domain", "core", "0", "none", "off"):
         raise UsageError(f"LLCINFER_PIN must be domain, core or none (got {mode!r})")
     if mode in ("0", "none", "off") or any(c is None for c in cores):

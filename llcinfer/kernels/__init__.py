@@ -12,29 +12,27 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGMLQuantizationType as QT
 
 from ..errors import ModelFileError
+from ..model.gguf_file import dequantize_tensor
 from . import amx_matmul
-from .act_quant import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K, quantize_activations, quantize_activations_int
+from ..dtypes import ACT_F32, ACT_KIND
+from .act_quant import quantize_activations, quantize_activations_int
 from .activation import swiglu
-from .attention import attention
 from .float_matmul import f32_matmul, half_get_rows, half_matmul
 from .isa import current_isa
-from .jit import default_threads, set_threads
+from ..jit import default_threads, set_threads
 from .norm import rms_norm
 from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
-from .repack import SUPPORTED as _REPACK_TYPES
-from .repack_cache import packed as _packed_weights
+from ..weights.repack import SUPPORTED as _REPACK_TYPES
+from ..weights.repack_cache import packed as _packed_weights
 from .dequant import quant_get_rows
 from .rope import rope_inplace
 from .simd import lanes, make_tag
 from .tables import BF16_TO_F32, F16_TO_F32
 from .vnni_matmul import vnni_matmul, vnni_matmul3
 
-# what llama.cpp quantizes the input to for each weight type (its vec_dot_type)
-ACT_KIND = {QT.Q4_0: ACT_Q8_0, QT.Q4_1: ACT_Q8_0, QT.Q5_0: ACT_Q8_0, QT.Q8_0: ACT_Q8_0,
-            QT.Q4_K: ACT_Q8_K, QT.Q6_K: ACT_Q8_K, QT.F16: ACT_F16, QT.BF16: ACT_BF16, QT.F32: ACT_F32}
 
 __all__ = [
-    "Linear", "linear_many", "rms_norm", "rope_inplace", "attention", "swiglu", "set_threads", "default_threads",
+    "Linear", "linear_many", "rms_norm", "rope_inplace", "swiglu", "set_threads", "default_threads",
 ]
 
 
@@ -224,10 +222,3 @@ def _linear_many_simd(x: np.ndarray, linears: list[Linear]) -> list[np.ndarray]:
 
 
 _NO_GROUPS = np.zeros((0, 1), np.uint8)  # [0 groups, 1] stand-in for an absent third weight
-
-
-def dequantize_tensor(info) -> np.ndarray:
-    """Any supported GGUF tensor as float32 in NumPy order, using ``gguf``'s dequantizers."""
-    if info.qtype == QT.F32:
-        return np.asarray(info.data, dtype=np.float32).reshape(info.shape).copy()
-    return np.asarray(gguf_quants.dequantize(info.data, info.qtype), dtype=np.float32).reshape(info.shape)

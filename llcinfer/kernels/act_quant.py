@@ -14,10 +14,8 @@ import math
 
 import numpy as np
 
-from .jit import kernel
-
-# activation kinds (what a weight type pairs with)
-ACT_F32, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+from ..dtypes import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K
+from ..jit import kernel
 
 
 @kernel

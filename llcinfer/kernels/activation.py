@@ -10,7 +10,7 @@ scalar loop called libm's expf once per value, 10 % of a Qwen2.5-0.5B prefill.
 
 import numpy as np
 
-from .jit import kernel
+from ..jit import kernel
 from .simd import addr, ldf, stf, vlanes, vloadf, vsplat, vstore, vtag
 from .simd_math import vadd, vdiv, vexp, vmul, vsub, vzero_f
 

@@ -53,6 +53,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .. import settings
 from ..errors import UsageError
 from . import isa as _isa
 
@@ -144,9 +145,7 @@ def request_permission() -> tuple[bool, str]:
 
 
 def _decide() -> tuple[bool, str]:
-    env = os.environ.get("LLCINFER_AMX", "").strip().lower()
-    if env not in ("", "0", "1"):
-        raise UsageError(f"LLCINFER_AMX={env!r}: expected 0 or 1")
+    env = settings.amx()
     if env == "0":
         return False, "disabled by LLCINFER_AMX=0"
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):

@@ -28,8 +28,8 @@ import numpy as np
 from numba import prange
 
 from .amx import TILE_CFG, amx_status, make_mode, tile_config, tile_dot, tile_release, vstore_at
-from .jit import kernel, parallel_kernel
-from .repack import Q4_0, Q4_1, Q5_0, Q8_0
+from ..jit import kernel, parallel_kernel
+from ..weights.repack import Q4_0, Q4_1, Q5_0, Q8_0
 from .simd import addr, ldf, ldi, lanes, make_tag, vload, vload_f16, vloadf, vsplat, vstoref, vtag
 from .simd_math import vadd, vcvt, vfma, vmul
 from .vnni_blocks import block_bytes, dec32

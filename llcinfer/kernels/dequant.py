@@ -6,7 +6,7 @@ call.  Block layouts and value formulas: quant_matmul.py's module docstring.
 
 import numpy as np
 
-from .jit import kernel
+from ..jit import kernel
 from .quant_matmul import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, _f16, _k4_scale_min
 
 

@@ -6,7 +6,7 @@
 import numpy as np
 from numba import prange
 
-from .jit import parallel_kernel
+from ..jit import parallel_kernel
 
 
 @parallel_kernel

@@ -11,8 +11,9 @@ runs several of them at once on different data.
 
 import numpy as np
 
+from ..dtypes import KV_F16
 from .act_quant import _half_bits, _half_value, quantize_q8_0_int, quantize_q8_k_int
-from .jit import kernel
+from ..jit import kernel
 from .norm import rms_norm
 from .paged_attention import kv_index
 
@@ -98,7 +99,7 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, ro
         for d in range(D):
             off_k = kv_index(pool, blk, layer, 0, kvh, slot, d, KVH, bs, D, kind)  # K^T: d * bs + slot
             off_v = kv_index(pool, blk, layer, 1, kvh, slot, d, KVH, bs, D, kind)
-            if kind == 1:
+            if kind == KV_F16:
                 scratch[0] = k[m, ko + d]
                 flat[off_k] = _half_bits(scratch.view(np.uint32)[0])
                 scratch[0] = v[m, ko + d]

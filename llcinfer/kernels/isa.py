@@ -18,28 +18,11 @@ from __future__ import annotations
 import os
 import warnings
 
+from .. import settings
 from ..errors import UsageError
+from ..hw.cpu import cpu_flags
 
 ISAS = ("avx512vnni", "avxvnni", "avx2", "generic")
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo names; llvmlite's host features as a fallback)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:  # pragma: no cover - non-Linux
-        pass
-    try:  # pragma: no cover - non-Linux
-        from llvmlite import binding as llvm
-
-        feats = llvm.get_host_cpu_features()
-        names = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "amx-tile": "amx_tile", "amx-int8": "amx_int8"}
-        return {names.get(k, k) for k, v in feats.items() if v}
-    except Exception:  # pragma: no cover
-        return set()
 
 
 def supported_isas(flags: set[str] | None = None) -> list[str]:
@@ -70,7 +53,7 @@ _CHOSEN: str | None = None
 def select_isa(name: str | None = None) -> str:
     """The path to use: ``name``, else $LLCINFER_ISA, else the best supported."""
     avail = supported_isas()
-    want = name if name is not None else os.environ.get("LLCINFER_ISA", "").strip().lower() or None
+    want = name if name is not None else settings.isa()
     if want is None:
         return avail[0]
     if want not in ISAS:

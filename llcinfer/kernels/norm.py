@@ -5,7 +5,7 @@
 
 import numpy as np
 
-from .jit import kernel
+from ..jit import kernel
 
 
 @kernel

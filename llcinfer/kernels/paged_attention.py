@@ -20,12 +20,14 @@ of (block, layer, K or V, head, slot, d):
 One task = (query row m, kv head, split of the key blocks).  The G = H / KVH query heads
 of a group share every K/V row read, the softmax is online per block (one rescale per
 block, not per key), and long contexts are split across the thread pool
-(flash-decoding) and merged at the end:
+(flash-decoding) and merged at the end.  How many parts a row takes depends on its own
+key count only (``split_count``), so a row's result does not depend on the rows beside
+it (batch invariance):
 
     s[g, t] = q[m, h0+g] . k[t] * scale;   out[m, h0+g] = sum_t softmax(s[g])[t] v[t]
 
-``kind`` selects the storage type: 0 f32, 1 f16 (bit patterns), 2 int8 (x = q * scale
-per ``group`` values).
+``kind`` selects the storage type: dtypes.KV_F32, KV_F16 (bit patterns), KV_INT8 (x = q *
+scale per ``group`` values).
 
 Two implementations of a task, chosen by the ``tag`` argument (simd.make_tag; None is
 the 'generic' ISA):
@@ -36,13 +38,12 @@ the 'generic' ISA):
 - ``_task_scalar`` (no tag, int8, other shapes): plain loops, f16 through a lookup table.
 """
 
-import math
-
 import numpy as np
 from numba import prange
 
+from ..dtypes import KV_F16, KV_F32, KV_INT8
 from .isa import current_isa
-from .jit import kernel, parallel_kernel
+from ..jit import kernel, parallel_kernel
 from .paged_attention_simd import _NEG, _task_simd
 from .simd import make_tag, vlanes, vtag
 
@@ -50,7 +51,7 @@ from .simd import make_tag, vlanes, vtag
 @kernel
 def kv_index(pool, blk, layer, kv, kvh, j, d, KVH, bs, D, kind):
     """Index in the flat pool data of (block, layer, kv 0 K / 1 V, kv head, slot j, dim d)."""
-    if kind == 2:  # block-major
+    if kind == KV_INT8:  # block-major
         return blk * pool.shape[1] + ((layer * 2 + kv) * KVH + kvh) * bs * D + j * D + d
     base = (((layer * KVH + kvh) * pool.shape[0] + blk) * 2 + kv) * bs * D  # head-major
     if kv == 0:
@@ -62,10 +63,10 @@ def kv_index(pool, blk, layer, kv, kvh, j, d, KVH, bs, D, kind):
 def _load_rows(flat, flat_f32, off, n, kind, lut, scale_off, group, dst):
     """dst[:n] = f32 of flat[off : off + n] (n = rows * D, rows contiguous; int8: times the
     scales flat_f32[scale_off ...], one per group)."""
-    if kind == 1:
+    if kind == KV_F16:
         for i in range(n):
             dst[i] = lut[np.int64(flat[off + i])]
-    elif kind == 0:
+    elif kind == KV_F32:
         for i in range(n):
             dst[i] = np.float32(flat[off + i])
     else:
@@ -103,7 +104,7 @@ def _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, 
         rk = ((layer * 2 + 0) * KVH + kvh) * bs  # int8: first K row of this (layer, head) in the block
         rv = ((layer * 2 + 1) * KVH + kvh) * bs
         s0 = blk * pool_f32.shape[1] + scale_off0  # int8: the block's scales
-        if kind == 2:
+        if kind == KV_INT8:
             _load_rows(flat, flat_f32, kv_index(pool, blk, layer, 0, kvh, 0, 0, KVH, bs, D, kind), n_valid * D,
                        kind, lut, s0 + rk * gs, group, kbuf)
         else:  # K^T [D, bs] -> kbuf [token, D]
@@ -111,7 +112,7 @@ def _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, 
             for d in range(D):
                 for j in range(n_valid):
                     x = flat[k0 + d * bs + j]
-                    kbuf[j * D + d] = lut[np.int64(x)] if kind == 1 else np.float32(x)
+                    kbuf[j * D + d] = lut[np.int64(x)] if kind == KV_F16 else np.float32(x)
         for g in range(G):
             for j in range(n_valid):
                 s = np.float32(0.0)
@@ -158,7 +159,7 @@ def _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs
     if tag is None:
         _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
                      n_splits, task, pmax, psum, pacc)
-    elif kind != 2 and q.shape[2] % vlanes(tag) == 0 and bs % vlanes(tag) == 0:
+    elif kind != KV_INT8 and q.shape[2] % vlanes(tag) == 0 and bs % vlanes(tag) == 0:
         _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vtag(tag))
     else:
         _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
@@ -166,74 +167,118 @@ def _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs
 
 
 @kernel
-def _merge(pmax, psum, pacc, n_splits, KVH, out):
-    """out[m, h] = the splits' partial results combined (flash-decoding reduction)."""
-    M, H, D = out.shape
-    G = H // KVH
-    for mk in range(M * KVH):
-        m = mk // KVH
-        h0 = (mk % KVH) * G
-        t0 = mk * n_splits
-        for g in range(G):
-            mx = pmax[t0, g]
-            for s in range(1, n_splits):
-                mx = max(mx, pmax[t0 + s, g])
-            den = np.float32(0.0)
+def merge_partials(pmax, psum, pacc, m, j, S, KVH, out):
+    """out[m, the heads of group j] = its S partial results combined (flash-decoding merge):
+
+        mx = max_s pmax[s];  w_s = exp(pmax[s] - mx);  out = sum_s w_s pacc[s] / sum_s w_s psum[s]
+
+    Empty parts (``empty_partial``) add exactly nothing, so a row merged over more splits
+    than it has gives the same bits."""
+    G = pmax.shape[1]
+    D = out.shape[2]
+    t0 = (m * KVH + j) * S
+    for g in range(G):
+        mx = pmax[t0, g]
+        for s in range(1, S):
+            mx = max(mx, pmax[t0 + s, g])
+        den = np.float32(0.0)
+        h = j * G + g
+        for d in range(D):
+            out[m, h, d] = 0.0
+        for s in range(S):
+            w = np.float32(np.exp(pmax[t0 + s, g] - mx))
+            den += w * psum[t0 + s, g]
             for d in range(D):
-                out[m, h0 + g, d] = 0.0
-            for s in range(n_splits):
-                w = np.float32(np.exp(pmax[t0 + s, g] - mx))
-                den += w * psum[t0 + s, g]
-                for d in range(D):
-                    out[m, h0 + g, d] += w * pacc[t0 + s, g, d]
-            inv = np.float32(1.0) / den
-            for d in range(D):
-                out[m, h0 + g, d] *= inv
+                out[m, h, d] += w * pacc[t0 + s, g, d]
+        inv = np.float32(1.0) / den
+        for d in range(D):
+            out[m, h, d] *= inv
+
+
+@kernel
+def empty_partial(pmax, psum, pacc, task):
+    """The partial result of a split with no keys: weight exp(_NEG - mx) = 0 in the merge."""
+    for g in range(pmax.shape[1]):
+        pmax[task, g] = _NEG
+        psum[task, g] = 0.0
+        for d in range(pacc.shape[2]):
+            pacc[task, g, d] = 0.0
+
+
+_BLOCKS_PER_SPLIT = 4  # at least this many key blocks per split
+
+
+@kernel
+def split_count(n_keys, bs, KVH, threads):
+    """Key-block splits of one query row's attention, from that row's key count alone (so
+    a row gives the same bits whatever rows run beside it): enough parts for the kv heads
+    of one row to fill ``threads`` evenly, at least _BLOCKS_PER_SPLIT blocks each."""
+    if threads <= 1 or KVH >= 2 * threads:
+        return 1
+    a, b = KVH, threads  # gcd
+    while b:
+        a, b = b, a % b
+    step = threads // a
+    want = (4 * threads + KVH - 1) // KVH
+    want = (want + step - 1) // step * step
+    return max(1, min(want, ((n_keys + bs - 1) // bs) // _BLOCKS_PER_SPLIT))
+
+
+@kernel
+def row_part(q, m, j, s, S, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_keys, scale,
+             threads, pmax, psum, pacc, tag):
+    """Part s of query row m's attention over its ``n_keys`` keys for kv group j, into slot
+    (m KVH + j) S + s of the partials.  The row takes split_count(n_keys, ...) <= S parts;
+    the slots past them get empty parts (merge_partials adds nothing for them)."""
+    sm = split_count(n_keys, bs, KVH, threads)
+    slot = (m * KVH + j) * S + s
+    if s >= sm:
+        empty_partial(pmax, psum, pacc, slot)
+        return
+    base = slot - (j * sm + s)  # _task writes its task j sm + s at base + j sm + s
+    _task(q[m:m + 1], pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_keys - 1, scale, sm,
+          j * sm + s, pmax[base:], psum[base:], pacc[base:], tag)
 
 
 @parallel_kernel
 def paged_attention_parallel(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
-                             scale, n_splits, out, tag=None):
-    """q [M, H, D] f32 rotated; table [blocks] int32; out [M, H, D] f32 (see module doc);
-    tag: the SIMD path (``_task``), None for the scalar loops."""
+                             scale, threads, out, tag=None):
+    """q [M, H, D] f32 rotated, row m at position n_past + m; table [blocks] int32; out
+    [M, H, D] f32 (see module doc).  Each row is split as split_count(its keys, ...,
+    ``threads``) says; tag: the SIMD path (``_task``), None for the scalar loops."""
     M, H, D = q.shape
-    n_tasks = M * KVH * n_splits
+    S = split_count(n_past + M, bs, KVH, threads)  # the last row has the most keys
+    n_tasks = M * KVH * S
     pmax = np.empty((n_tasks, H // KVH), np.float32)  # [task, G]
     psum = np.empty((n_tasks, H // KVH), np.float32)  # [task, G]
     pacc = np.empty((n_tasks, H // KVH, D), np.float32)  # [task, G, D]
     for task in prange(n_tasks):
-        _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
-              n_splits, task, pmax, psum, pacc, tag)
-    _merge(pmax, psum, pacc, n_splits, KVH, out)
+        mk = task // S
+        row_part(q, mk // KVH, mk % KVH, task % S, S, pool, pool_f32, lut, kind, group, scale_off0, table, layer,
+                 KVH, bs, n_past + mk // KVH + 1, scale, threads, pmax, psum, pacc, tag)
+    for mk in range(M * KVH):
+        merge_partials(pmax, psum, pacc, mk // KVH, mk % KVH, S, KVH, out)
 
 
 @kernel
 def paged_attention_serial(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
-                           scale, n_splits, out, tag=None):
-    """Same as paged_attention_parallel on the calling thread."""
+                           scale, threads, out, tag=None):
+    """Same as paged_attention_parallel (the same bits) on the calling thread."""
     M, H, D = q.shape
-    n_tasks = M * KVH * n_splits
+    S = split_count(n_past + M, bs, KVH, threads)
+    n_tasks = M * KVH * S
     pmax = np.empty((n_tasks, H // KVH), np.float32)
     psum = np.empty((n_tasks, H // KVH), np.float32)
     pacc = np.empty((n_tasks, H // KVH, D), np.float32)
     for task in range(n_tasks):
-        _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
-              n_splits, task, pmax, psum, pacc, tag)
-    _merge(pmax, psum, pacc, n_splits, KVH, out)
+        mk = task // S
+        row_part(q, mk // KVH, mk % KVH, task % S, S, pool, pool_f32, lut, kind, group, scale_off0, table, layer,
+                 KVH, bs, n_past + mk // KVH + 1, scale, threads, pmax, psum, pacc, tag)
+    for mk in range(M * KVH):
+        merge_partials(pmax, psum, pacc, mk // KVH, mk % KVH, S, KVH, out)
 
 
 _SERIAL_WORK = 1 << 17  # multiply-adds below which a pool launch costs more than it saves
-_BLOCKS_PER_SPLIT = 4  # at least this many key blocks per split
-
-
-def n_splits_for(M: int, KVH: int, n_blocks: int, threads: int) -> int:
-    """Key-block splits per (row, kv head) so that the tasks fill ``threads`` evenly."""
-    if threads <= 1 or M * KVH >= 2 * threads:
-        return 1
-    want = -(-4 * threads // (M * KVH))
-    step = threads // math.gcd(M * KVH, threads)
-    want = -(-want // step) * step
-    return max(1, min(want, n_blocks // _BLOCKS_PER_SPLIT))
 
 
 _TAGS: dict[str, np.ndarray | None] = {}
@@ -250,20 +295,14 @@ def attention_tag(isa: str | None = None) -> np.ndarray | None:
 
 def paged_attention(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale, out,
                     threads: int = 1, isa: str | None = None):
-    """Dispatch: serial for small work, else split over the thread pool; ``isa`` picks the
-    path (None: the process's, ``isa.current_isa()``)."""
+    """Dispatch: serial for small work, else over the thread pool (the same bits either
+    way: rows are split for ``threads`` in both); ``isa`` picks the path (None: the
+    process's, ``isa.current_isa()``)."""
     M, H, D = q.shape
-    tag = attention_tag(isa) if kind != 2 else None  # int8: the scalar loops either way
-    n_keys = n_past + M
-    work = M * H * D * n_keys * 2
-    n_blocks = (n_keys + bs - 1) // bs
-    if work < _SERIAL_WORK or threads <= 1:
-        paged_attention_serial(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
-                               scale, 1, out, tag)
-    else:
-        n_splits = n_splits_for(M, KVH, n_blocks, threads)
-        paged_attention_parallel(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past,
-                                 scale, n_splits, out, tag)
+    tag = attention_tag(isa) if kind != KV_INT8 else None  # int8: the scalar loops either way
+    work = M * H * D * (n_past + M) * 2
+    fn = paged_attention_serial if work < _SERIAL_WORK or threads <= 1 else paged_attention_parallel
+    fn(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale, threads, out, tag)
 
 
 @kernel

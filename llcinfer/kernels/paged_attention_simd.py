@@ -21,7 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit import kernel
+from ..jit import kernel
 from .simd import VTag, addr, elt_kind, lane_mask_ir, load_as_f32, prefetch_ir, splat_ir, vlanes, vloadf, vsplat, vstore
 from .simd_math import fma_ir, vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
 

@@ -21,11 +21,8 @@ second half.
 import numpy as np
 from numba import prange
 
-from .jit import kernel, parallel_kernel
-
-# integer codes used inside kernels (values of gguf.GGMLQuantizationType)
-Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 2, 3, 6, 8, 12, 14
-QUANT_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
+from ..dtypes import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, QUANT_BLOCK  # noqa: F401 (QUANT_BLOCK: re-exported)
+from ..jit import kernel, parallel_kernel
 
 
 @kernel

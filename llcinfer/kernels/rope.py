@@ -7,7 +7,7 @@ NORM (llama in GGUF): the pair is (2i, 2i+1).  NEOX (qwen2): the pair is (i, i +
 
 import numpy as np
 
-from .jit import kernel
+from ..jit import kernel
 
 
 @kernel

@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .jit import kernel
+from ..jit import kernel
 from .paged_attention import kv_index
 from .simd import Vec, addr, vlanes, vloadf, vstore, vtag
 from .simd_math import fma_ir, vadd, vfma, vmul, vsub

@@ -7,8 +7,8 @@ K-quants (Q4_K, Q6_K: 256-value super-blocks).  vnni_matmul.py explains the arit
 
 import numpy as np
 
-from .jit import inline_kernel, kernel
-from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q8_0
+from ..jit import inline_kernel, kernel
+from ..weights.repack import Q4_0, Q4_1, Q4_K, Q5_0, Q8_0
 from .simd import ldf, ldi, prefetch_l1, prefetch_l2, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
 from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
 

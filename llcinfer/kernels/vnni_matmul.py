@@ -28,8 +28,8 @@ module holds the drivers.
 
 from numba import prange
 
-from .jit import inline_kernel, kernel, parallel_kernel
-from .repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
+from ..jit import inline_kernel, kernel, parallel_kernel
+from ..weights.repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 from .simd import addr, stf, vlane, vlanes, vstore, vtag
 from .vnni_blocks import run32_1, run32_4, runk4_1, runk4_4, runk6_1, runk6_4
 

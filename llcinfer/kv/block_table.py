@@ -18,6 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..dtypes import KV_F16, KV_F32
 from ..errors import ContextLengthError, OutOfMemoryError
 from ..kernels.paged_attention import kv_index, paged_attention, store_rows, store_rows_int8
 from ..kernels.tables import F16_TO_F32
@@ -121,9 +122,9 @@ class PagedSequence:
             self._grow(end)
         p, table = self.pool, self.table[:self.n_blocks]
         for kv, src in ((0, k), (1, v)):
-            if p.kind == 1:
+            if p.kind == KV_F16:
                 store_rows(p.data, table, layer, kv, self.block_size, pos0, src.astype(np.float16).view(np.uint16))
-            elif p.kind == 0:
+            elif p.kind == KV_F32:
                 store_rows(p.data, table, layer, kv, self.block_size, pos0, np.ascontiguousarray(src, np.float32))
             else:
                 store_rows_int8(p.data, p.data_f32, p.scale_offset, p.group, table, layer, kv, self.block_size,
@@ -142,9 +143,9 @@ class PagedSequence:
                 idx = kv_index.py_func(p.data, blk, layer, kv, np.arange(KVH)[:, None], j, np.arange(D)[None, :], KVH,
                                        bs, D, p.kind)  # [KVH, D] flat element ids
                 raw = p.data.reshape(-1)[idx.ravel()].reshape(KVH, D)
-                if p.kind == 1:
+                if p.kind == KV_F16:
                     out[kv, t - start] = raw.view(np.float16)
-                elif p.kind == 0:
+                elif p.kind == KV_F32:
                     out[kv, t - start] = raw
                 else:
                     gs = D // p.group

@@ -31,13 +31,13 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import hugepages
+from ..dtypes import KV_INT8, KV_KINDS
 from ..errors import OutOfMemoryError, UsageError
+from ..weights import hugepages
 
 KV_TYPES = ("f16", "int8", "f32")
 _ITEMSIZE = {"f16": 2, "int8": 1, "f32": 4}
 _DTYPE = {"f16": np.uint16, "int8": np.int8, "f32": np.float32}  # f16 kept as bit patterns
-KIND = {"f32": 0, "f16": 1, "int8": 2}  # the kernels' storage-type switch
 INT8_GROUP = 32  # int8 values per scale (llama.cpp's q8_0 block), head_dim if not a multiple
 _HUGE = 2 << 20  # transparent huge page size (x86-64, arm64 with 4 KiB pages)
 
@@ -75,7 +75,7 @@ class KVPool:
             raise UsageError(f"block_size and n_blocks must be positive (got {block_size}, {n_blocks})")
         self.n_layer, self.n_kv_head, self.head_dim = int(n_layer), int(n_kv_head), int(head_dim)
         self.block_size, self.n_blocks, self.kv_type = int(block_size), int(n_blocks), kv_type
-        self.kind = KIND[kv_type]
+        self.kind = KV_KINDS[kv_type]
         self.group = INT8_GROUP if head_dim % INT8_GROUP == 0 else head_dim
         rows = self.n_layer * 2 * self.n_kv_head * self.block_size  # (layer, kv, kv_head, token) rows
         data_bytes = rows * head_dim * _ITEMSIZE[kv_type]
@@ -84,7 +84,7 @@ class KVPool:
         page = mmap.PAGESIZE
         self.block_bytes = -(-(self.scale_offset * 4 + scale_bytes) // page) * page  # page-aligned stride
         self.used_bytes_per_block = data_bytes + scale_bytes
-        self.head_major = self.kind != KIND["int8"]
+        self.head_major = self.kind != KV_INT8
         self.chunk_bytes = 2 * self.block_size * head_dim * _ITEMSIZE[kv_type]  # one (layer, head) of a block
         self.reserved_bytes = self.block_bytes * self.n_blocks
         try:
@@ -123,6 +123,24 @@ class KVPool:
     @property
     def committed_bytes(self) -> int:
         return self.n_committed * self.block_bytes
+
+    @property
+    def capacity_blocks(self) -> int:
+        """The most blocks that may ever be committed at once (budget and reservation)."""
+        return min(self.budget_blocks, self.n_blocks)
+
+    @property
+    def available_blocks(self) -> int:
+        """Blocks ``allocate`` can still hand out: uncommitted ones, plus cached ones it would
+        evict."""
+        return max(0, self.capacity_blocks - self.n_committed) + len(self._cached)
+
+    def kernel_args(self) -> dict:
+        """What a kernel needs to read and write the pool, named as the decode step's
+        arguments (executor/step_args.py): its data seen as [block, elems] and as f32 words,
+        the storage kind, int8 group and scale offset, tokens per block."""
+        return {"pool": self.data, "pool_f32": self.data_f32, "kv_kind": self.kind, "kv_group": self.group,
+                "kv_scale_off": self.scale_offset, "bs": self.block_size}
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, owner: str = "a sequence") -> int:

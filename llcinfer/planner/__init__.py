@@ -1,6 +1,7 @@
-"""The resource-domain planner: a model of the machine (machine.py, bandwidth.py), of the
-work of one decode step (workload.py), an analytical TPOT model (cost.py), and the plans it
-chooses between (plan.py, candidates.py), explained (explain.py).
+"""The resource-domain planner: machine facts in (hw/), plans out.  Per-level read rates of
+the machine (bandwidth.py), the work of one decode step (workload.py), an analytical TPOT
+model (cost.py), and the plans it chooses between (plan.py, candidates.py, choose.py),
+explained (explain.py).
 
     m = detect_machine()                      # or load_topology("epyc-9684x")
     w = workload_from_gguf(path, ctx=8192, concurrency=4)
@@ -8,10 +9,11 @@ chooses between (plan.py, candidates.py), explained (explain.py).
     print(plan.explain())
 """
 
-from .bandwidth import Rates, effective_llc_bytes, probe_curve, synthetic_curve
+from ..hw import CacheLevel, Machine, detect_machine, probe_curve, synthetic_curve
+from .bandwidth import Rates, effective_llc_bytes
 from .cost import Calibration, Prediction, predict
-from .machine import CacheLevel, Machine, detect_machine
-from .plan import Domain, Placement, Plan, make_plan
+from .choose import make_plan
+from .plan import Domain, Placement, Plan
 from .topology import list_topologies, load_topology
 from .workload import LAYER_OPS, Workload, workload_from_gguf, workload_from_model
 

@@ -15,7 +15,7 @@ Families (a plan's runner-ups are the best of each other family):
 from __future__ import annotations
 
 from ..errors import UsageError
-from .machine import Machine
+from ..hw.machine import Machine
 from .plan import Domain
 from .workload import Workload
 

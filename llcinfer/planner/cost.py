@@ -10,7 +10,7 @@ Per micro-batch of b sequences, every domain's busy time is a sum over its opera
     norms    small_op_ns each
 
 Weights are read at the level where their group lives (``Domain.resident_level``: L2, LLC,
-else DRAM).  Hand-offs (or barriers, for the operator-synchronised simple path) are counted
+else DRAM).  Hand-offs (or barriers, for the operator-synchronised batched forward pass) are counted
 per layer: norm->qkv, qkv->attention, attention->wo, wo->gate_up, gate_up->down, plus
 embed, the stage boundaries and the LM head; each costs by the cores it spans (one LLC,
 several LLCs, several sockets) and the number of producers that signal it.
@@ -34,8 +34,9 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from .bandwidth import Rates, machine_dir
-from .machine import Machine
+from .. import paths
+from .bandwidth import Rates
+from ..hw.machine import Machine
 from .workload import Workload
 
 
@@ -125,7 +126,7 @@ class Calibration:
 
     @staticmethod
     def path(key: str) -> str:
-        return os.fspath(machine_dir() / f"calibration-{key}.json")
+        return os.fspath(paths.machine_dir() / f"calibration-{key}.json")
 
     @classmethod
     def load(cls, key: str | None) -> "Calibration":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from .machine import format_cpulist
+from ..hw.sysfs import format_cpulist
 
 MIB = 1 << 20
 

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, field
 
 from .bandwidth import Rates
 from .cost import Calibration, Prediction
-from .machine import Machine, format_cpulist
-from .workload import Workload
+from ..hw.machine import Machine
+from ..hw.sysfs import format_cpulist
+from .explain import describe_groups, explain
+from .workload import LAYER_OPS, Workload
 
 TASKS_PER_THREAD = 2  # matmul tasks per core and operator: load balance vs per-task overhead
 TILE_ROWS = 16  # repacked weights interleave 16 rows: a task is a multiple of 16 rows
@@ -89,8 +91,6 @@ class Plan:
         return {d.name: d.tiles for d in self.domains if d.tiles}
 
     def explain(self) -> str:
-        from .explain import explain
-
         return explain(self)
 
     def to_dict(self) -> dict:
@@ -238,8 +238,6 @@ def _set_kv(d: Domain, need: int, res: int) -> None:
 
 
 def _ops(w: Workload, d: Domain, last_stage: int) -> list[str]:
-    from .workload import LAYER_OPS
-
     attn_ops = ("rope_kv_append", "attention")
     if d.role == "attention":
         return [f"blk.{i}.{op}" for i in d.layers for op in attn_ops]
@@ -250,8 +248,6 @@ def _ops(w: Workload, d: Domain, last_stage: int) -> list[str]:
 
 
 def _placement(m: Machine, plan: Plan) -> list[Placement]:
-    from .explain import describe_groups
-
     out = []
     for d in plan.domains:
         for g in m.llc_groups(d.cores):
@@ -262,37 +258,3 @@ def _placement(m: Machine, plan: Plan) -> list[Placement]:
                 if nb:
                     out.append(Placement(d.name, format_cpulist(g), lvl, describe_groups(names), int(nb * frac)))
     return out
-
-
-# ---------------------------------------------------------------------------------------
-# Choosing
-
-
-def make_plan(machine: Machine, workload: Workload, threads: int | None = None,
-              calibration: Calibration | None = None, sync: str = "handoff", n_runners_up: int = 6) -> Plan:
-    """The candidate with the lowest predicted TPOT; ``runners_up`` holds the best of every
-    other candidate family (and the next best of the winner's), fastest first.
-
-    ``calibration`` defaults to the one saved for this machine (``Calibration.load``);
-    ``sync='barrier'`` predicts operator-barrier synchronisation instead of hand-offs.
-    """
-    from .candidates import budget_cores, layouts
-    from .cost import predict
-
-    cal = calibration or Calibration.load(machine.key())
-    rates = Rates(machine)
-    cores = budget_cores(machine, threads)
-    scored = []
-    for family, kind, label, domains in layouts(machine, workload, cores):
-        plan = build(machine, workload, domains, kind, label, rates, cal)
-        plan.prediction = predict(plan, machine, workload, cal, rates, sync)
-        scored.append((plan.prediction.tpot_s, family, plan))
-    scored.sort(key=lambda x: x[0])
-    _, best_family, best = scored[0]
-    taken, runners = {best_family: 1}, []
-    for _, family, plan in scored[1:]:  # the winner's family may show its next best too
-        if taken.get(family, 0) < (2 if family == best_family else 1):
-            taken[family] = taken.get(family, 0) + 1
-            runners.append(plan)
-    best.runners_up = runners[:n_runners_up]
-    return best

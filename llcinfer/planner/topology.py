@@ -7,7 +7,7 @@ one by hand:
   share an instance) instead of ``size_bytes`` and an ``instances`` list;
 - ``"sockets": {"0": "0-95", ...}`` instead of ``package_of``; ``core_of`` defaults to one
   core per CPU (no SMT);
-- ``"bandwidth_model"`` (per-level GB/s, see ``bandwidth.DEFAULT_MODEL``, plus optional
+- ``"bandwidth_model"`` (per-level GB/s, see ``hw.bandwidth.DEFAULT_MODEL``, plus optional
   ``threads``) instead of measured ``bandwidth`` points: the curve is synthesised from it
   and marked 'estimated'.
 
@@ -23,8 +23,9 @@ import os
 from pathlib import Path
 
 from ..errors import UsageError
-from .bandwidth import synthetic_curve
-from .machine import Machine, format_cpulist, parse_cpulist, parse_size
+from ..hw.bandwidth import synthetic_curve
+from ..hw.machine import Machine
+from ..hw.sysfs import format_cpulist, parse_cpulist, parse_size
 
 TOPOLOGY_DIR = Path(__file__).with_name("topologies")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from ..architectures.base import ModelConfig
+from ..model.architectures.base import ModelConfig
 
 LAYER_OPS = ("attn_norm", "qkv", "rope_kv_append", "attention", "wo", "ffn_norm", "gate_up_swiglu", "down")
 GLOBAL_OPS = ("embed", "lm_head")
@@ -155,8 +155,8 @@ KV_ITEMSIZE = {"f16": 2, "int8": 1, "f32": 4}
 def workload_from_gguf(path: str | os.PathLike, ctx: int = 4096, concurrency: int = 1,
                        kv_itemsize: int = 2, name: str | None = None) -> Workload:
     """The workload of a GGUF file from its header (tensor sizes and metadata only)."""
-    from ..architectures import get_architecture
-    from ..gguf_file import GGUFFile
+    from ..model.architectures import get_architecture
+    from ..model.gguf_file import GGUFFile
 
     f = GGUFFile(path)
     cfg = get_architecture(f.require("general.architecture")).read_config(f)

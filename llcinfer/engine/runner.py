@@ -1,0 +1,99 @@
+"""The model runner: one scheduled batch in, the logits of its sampling rows out.  It is
+the one place that decides how rows run.
+
+Two kinds of row group today, each in one call per step:
+  decode rows   one generated token of a sequence (``Chunk.start >= n_prompt``): one
+                executor step for all of them (executor/), when the model and the KV
+                storage allow it;
+  chunks        prompt tokens (prefill, chunked prefill, the recomputation of a resumed
+                request) and the decode rows the executor cannot take: one batched
+                forward pass (transformer.py) over every chunk's rows.
+A token is always computed by the same kind of group whatever else is in the batch, and
+both kinds compute a row from that row's inputs only, so a request's greedy output does
+not depend on what runs beside it.  Verification trees (several candidate tokens of one
+sequence, each row with its own attention mask) are the room left for a third kind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import settings
+from ..executor import DecodeExecutor, Domains, unsupported_reason
+from ..dtypes import KV_INT8
+from ..kv import PagedSequence
+from .scheduler import Batch
+from .transformer import Transformer
+
+
+class ModelRunner:
+    """Runs batches of ``model`` whose sequences live in one KV pool.  ``domains``: the cores
+    the executor's workers use (the plan's, engine/placement.py); None runs every row on
+    the batched forward pass."""
+
+    def __init__(self, model: Transformer, kv_kind: int, domains: Domains | None):
+        self.model = model
+        self.executor: DecodeExecutor | None = None
+        self.executor_note = self._why_not_executor(kv_kind, domains)  # None: decode rows run on it
+        if self.executor_note is None:
+            self.executor = DecodeExecutor(model, domains)
+
+    def _why_not_executor(self, kv_kind: int, domains: Domains | None) -> str | None:
+        if domains is None:
+            return "no executor domains given"
+        if not settings.executor_enabled():
+            return "disabled by LLCINFER_EXECUTOR=0"
+        if kv_kind == KV_INT8:
+            return "int8 KV cache runs on the batched path"
+        return unsupported_reason(self.model)
+
+    def run(self, batch: Batch) -> list[np.ndarray | None]:
+        """Logits  # [vocab] f32 for every chunk that samples (None for the others), in the
+        order of ``batch.chunks``."""
+        out: list[np.ndarray | None] = [None] * len(batch.chunks)
+        decode, rest = [], []
+        for i, c in enumerate(batch.chunks):
+            if self.executor is not None and len(c.tokens) == 1 and c.start >= c.request.n_prompt:
+                decode.append(i)
+            else:
+                rest.append(i)
+        if any(c.start >= c.request.n_prompt for c in batch.chunks):
+            self.model.settle_weights()  # past a first token: the weights may move to 2 MiB pages
+        if rest:
+            chunks = [batch.chunks[i] for i in rest]
+            logits = self.model.forward_chunks([(c.request.seq, c.tokens) for c in chunks])
+            for row, i in enumerate(rest):
+                if batch.chunks[i].samples:
+                    out[i] = logits[row]
+        if decode:
+            seqs = [batch.chunks[i].request.seq for i in decode]
+            logits = self.executor.step(seqs, [batch.chunks[i].tokens[0] for i in decode])
+            for row, i in enumerate(decode):
+                out[i] = logits[row]
+        return out
+
+    def decode(self, seqs: list[PagedSequence], tokens: list[int]) -> np.ndarray:
+        """One token for each sequence, as the step loop's decode rows run; logits  # [M, vocab]
+        (benchmarks and tests)."""
+        self.model.settle_weights()
+        return self._decode_rows(seqs, tokens)
+
+    def _decode_rows(self, seqs: list[PagedSequence], tokens: list[int]) -> np.ndarray:
+        if self.executor is not None:
+            return self.executor.step(seqs, tokens)
+        return self.model.forward_chunks([(s, [t]) for s, t in zip(seqs, tokens)])
+
+    def warm_up(self, new_sequence) -> None:
+        """Compile (or load from numba's cache) every kernel both row groups use, so the
+        first request's timings measure the model, not the JIT."""
+        seq = new_sequence("warm-up")
+        try:
+            self.model.forward_chunks([(seq, [0, 0])])
+            self._decode_rows([seq], [0])  # not decode(): the weights stay where they are until a first token
+        finally:
+            seq.free()
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None

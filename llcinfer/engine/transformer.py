@@ -1,0 +1,144 @@
+"""The decoder forward pass on the kernels (the fast path).
+
+    x = embed(tokens)
+    for each layer:
+        h = rmsnorm(x);  q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv);  rope(q, k)
+        x += attention(q, K_cache, V_cache) Wo
+        h = rmsnorm(x);  x += (silu(h Wg) * h Wu) Wd
+    logits = rmsnorm(x) Wout
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels as K
+from ..model.architectures import get_architecture
+from ..model.architectures.base import ModelConfig, ModelWeights
+from ..model.gguf_file import GGUFFile
+from ..kv import DEFAULT_BLOCK_SIZE, KVPool, PagedSequence, PrefixCache, new_pool
+from ..kernels.paged_attention import attention_tag
+from ..weights.repack_cache import wait_loaded
+
+
+def rope_inv_freq(cfg: ModelConfig, freq_factors: np.ndarray | None) -> np.ndarray:
+    """inv_freq[i] = base^(-2i/d) / factor[i]   # [rope_dim / 2] f64"""
+    i = np.arange(cfg.rope_dim // 2, dtype=np.float64)
+    inv = cfg.rope_base ** (-2.0 * i / cfg.rope_dim)
+    if freq_factors is not None:
+        inv = inv / freq_factors.astype(np.float64)
+    return inv
+
+
+class Transformer:
+    """Weights bound to kernels plus the forward pass.  One instance serves many sequences;
+    each sequence brings its own ``PagedSequence``."""
+
+    def __init__(self, gguf: GGUFFile, llama_rounding: bool = True):
+        arch_name = gguf.require("general.architecture")
+        arch = get_architecture(arch_name)
+        self.gguf = gguf
+        self.config: ModelConfig = arch.read_config(gguf)
+        self.weights: ModelWeights = arch.load_weights(gguf, self.config, K.Linear)
+        self.inv_freq = rope_inv_freq(self.config, self.weights.rope_freq_factors)  # [rope_dim/2]
+        self.scale = np.float32(1.0 / np.sqrt(self.config.head_dim))
+        # Round matmul inputs to 8-bit blocks and K/V/Q to f16 as llama.cpp does (greedy
+        # output then agrees with it except at near-ties); False keeps exact float32.
+        self.llama_rounding = bool(llama_rounding)
+        # vector exp in SwiGLU (as llama.cpp's own SIMD expf) with llama_rounding; libm's otherwise
+        self.tag = attention_tag() if self.llama_rounding else None
+        self._weights_settled = False  # the repacked weights are on 2 MiB pages (repack_cache)
+
+    def settle_weights(self) -> None:
+        """Called by the engine at each decode step after the first token: lets the repacked
+        weights move onto 2 MiB pages in the background (repack_cache.wait_loaded), until
+        they have; raises ModelFileError if their file went bad.  Not at load (warm_up) nor
+        before the first token, whose compute would share the CPUs with the copy."""
+        if not self._weights_settled:
+            self._weights_settled = wait_loaded(block=False)
+
+    @property
+    def default_kv_type(self) -> str:
+        """f16 as llama.cpp (the default numerics); f32 in exact mode."""
+        return "f16" if self.llama_rounding else "f32"
+
+    def new_pool(self, n_ctx: int, n_seq: int = 1, kv_type: str | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE, budget_bytes: int | None = None,
+                 prefix_sharing: bool = True) -> tuple[KVPool, PrefixCache | None]:
+        """A paged KV pool for ``n_seq`` sequences of up to ``n_ctx`` tokens (and its prefix cache)."""
+        c = self.config
+        if budget_bytes is None:
+            from ..kv import default_budget
+
+            budget_bytes = default_budget(model_bytes=self.weights.nbytes)
+        return new_pool(c.n_layer, c.n_kv_head, c.head_dim, n_ctx, n_seq, kv_type or self.default_kv_type,
+                        block_size, budget_bytes, prefix_sharing)
+
+    def new_cache(self, n_ctx: int, kv_type: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE) -> PagedSequence:
+        """A single sequence's cache on a private paged pool."""
+        pool, prefix = self.new_pool(n_ctx, 1, kv_type, block_size)
+        return PagedSequence(pool, n_ctx, prefix)
+
+    def forward(self, tokens, cache: PagedSequence, all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` at positions cache.n_tokens ... of one sequence (``forward_chunks``);
+        logits # [M, vocab] if all_logits else [vocab] for the last token."""
+        logits = self.forward_chunks([(cache, tokens)], all_logits=all_logits)
+        return logits if all_logits else logits[0]
+
+    def forward_chunks(self, chunks: list[tuple[PagedSequence, list[int]]], all_logits: bool = False) -> np.ndarray:
+        """Run each chunk's tokens at positions seq.n_tokens ... of its sequence and append
+        their K/V to it, all chunks in one pass: the matmuls take the rows of every chunk
+        at once, rope works per row, KV append and attention per chunk.
+
+        Returns logits # [n_chunks, vocab] of each chunk's last token, or # [rows, vocab]
+        of every row with ``all_logits``.  A row's result depends on that row alone (its
+        token, position and sequence), not on the other rows.
+        """
+        c, w = self.config, self.weights
+        ids = [np.asarray(t, dtype=np.int64).reshape(-1) for _, t in chunks]
+        if not chunks or any(i.size == 0 for i in ids):
+            raise ValueError("forward needs at least one token per chunk")
+        if len({id(seq) for seq, _ in chunks}) != len(chunks):
+            raise ValueError("forward: a sequence appears in two chunks")
+        for i in ids:
+            if i.min() < 0 or i.max() >= c.vocab_size:
+                raise ValueError(f"token id out of range [0, {c.vocab_size})")
+        for (seq, _), i in zip(chunks, ids):
+            seq.prepare(i)  # room check; blocks committed (OutOfMemoryError before any compute)
+        all_ids = np.concatenate(ids)  # [M] the rows of every chunk, chunk after chunk
+        M = all_ids.size
+        ends = np.cumsum([i.size for i in ids])  # [n_chunks] row after each chunk's last
+        starts = ends - np.array([i.size for i in ids])
+        pos0 = [seq.n_tokens for seq, _ in chunks]
+        positions = np.concatenate([np.arange(p, p + i.size, dtype=np.int64) for p, i in zip(pos0, ids)])  # [M]
+        x = w.token_embd.get_rows(all_ids)  # [M, d_model] residual stream
+        h = np.empty_like(x)  # [M, d_model] normed input of a block
+        attn = np.empty((M, c.n_head, c.head_dim), np.float32)  # [M, H, D]
+        rnd = self.llama_rounding
+        for li, lw in enumerate(w.layers):
+            K.rms_norm(x, lw.attn_norm, c.rms_eps, h)
+            q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv], rnd)  # [M, H*D], [M, KVH*D], [M, KVH*D]
+            if lw.bq is not None:
+                q += lw.bq
+                k += lw.bk
+                v += lw.bv
+            q3 = q.reshape(M, c.n_head, c.head_dim)
+            k3 = k.reshape(M, c.n_kv_head, c.head_dim)
+            v3 = v.reshape(M, c.n_kv_head, c.head_dim)
+            K.rope_inplace(q3, positions, self.inv_freq, c.rope_neox)
+            K.rope_inplace(k3, positions, self.inv_freq, c.rope_neox)
+            if rnd:  # llama.cpp multiplies Q by its f16 K cache in f16
+                q3[...] = q3.astype(np.float16)
+            for (seq, _), r0, r1, p0 in zip(chunks, starts, ends, pos0):
+                seq.store(li, p0, k3[r0:r1], v3[r0:r1])
+                seq.attention(li, q3[r0:r1], p0, self.scale, attn[r0:r1])
+            x += lw.wo(attn.reshape(M, -1), llama_rounding=rnd)
+            K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)
+            gate, up = K.linear_many(h, [lw.w_gate, lw.w_up], rnd)  # [M, d_ff] each
+            K.swiglu(gate, up, gate, self.tag)
+            x += lw.w_down(gate, llama_rounding=rnd)
+        for (seq, _), i in zip(chunks, ids):
+            seq.finish(i)  # n_tokens += rows; full blocks indexed for prefix sharing
+        rows = x if all_logits else x[ends - 1]
+        K.rms_norm(rows, w.output_norm, c.rms_eps, rows)
+        return w.output(np.ascontiguousarray(rows), llama_rounding=rnd)  # [n_chunks or M, vocab]

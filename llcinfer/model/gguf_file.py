@@ -1,0 +1,199 @@
+"""Memory-mapped GGUF files: metadata as plain Python values, tensors as validated views.
+
+Parsing is ``gguf.GGUFReader``'s; this module adds the checks a runtime needs before any
+kernel touches the bytes (file present, magic, every tensor inside the file, sizes that
+agree with the tensor type) and turns failures into one-line ``ModelFileError``s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType
+from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .. import paths
+from ..errors import ModelFileError, UnsupportedModelError
+
+GGUF_MAGIC = b"GGUF"
+
+# Tensor types the kernels implement (issue: foundation).  Everything else is refused by name.
+SUPPORTED_TYPES = frozenset(
+    GGMLQuantizationType[n]
+    for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the file.  ``data`` is a read-only view into the memory map.
+
+    ``shape`` is in row-major order (rows, cols) as NumPy sees it, i.e. the reverse of
+    GGUF's ``ne``; ``data`` is [rows, bytes_per_row] uint8 for quantized types and the
+    natural dtype (float32/float16, uint16 for BF16) otherwise.
+    """
+
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def n_bytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def _field_value(field):
+    """Decode a ReaderField into str / int / float / bool / list."""
+    types = field.types
+    if not types:
+        return None
+    if types[0] == GGUFValueType.ARRAY:
+        sub = types[-1]
+        if sub == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if types[0] == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    value = field.parts[field.data[0]].tolist()[0]
+    if types[0] == GGUFValueType.BOOL:
+        return bool(value)
+    return value
+
+
+INDEX_VERSION = 1
+INDEX_MIN_FILE_SIZE = 16 << 20  # bytes; smaller files are parsed every time
+
+
+def _index_cache_path(path: str, st: os.stat_result) -> str | None:
+    """Where the parsed header of this exact file (path, size, mtime) is kept."""
+    key = hashlib.sha256(f"{INDEX_VERSION}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    return os.path.join(paths.gguf_index_dir(), key[:32] + ".pkl")
+
+
+def _read_index(path: str) -> tuple[dict, list[tuple[str, int, list[int], int]]]:
+    """Parse the header with gguf.GGUFReader: (metadata, [(name, type, ne, data offset)])."""
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError/IndexError/... on short or corrupt files
+        raise ModelFileError(f"truncated or corrupt GGUF file {path}: {_short(exc)}") from None
+    try:
+        metadata = {k: _field_value(f) for k, f in reader.fields.items()}
+    except Exception as exc:
+        raise ModelFileError(f"corrupt GGUF metadata in {path}: {_short(exc)}") from None
+    tensors = [(t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in reader.tensors]
+    return metadata, tensors
+
+
+def _load_index(path: str) -> tuple[dict, list]:
+    """The header index, from the on-disk cache when this file was parsed before.
+
+    GGUFReader builds one NumPy object per vocabulary string and takes seconds on a
+    150k-token vocabulary; the cached index loads in tens of milliseconds.  Small files
+    parse quickly and are not cached (tests write many throwaway models).
+    """
+    st = os.stat(path)
+    if st.st_size < INDEX_MIN_FILE_SIZE:
+        return _read_index(path)
+    cache = _index_cache_path(path, st)
+    try:
+        with open(cache, "rb") as fh:
+            return pickle.load(fh)
+    except Exception:
+        pass
+    index = _read_index(path)
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(index, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home only costs the next load some time
+    return index
+
+
+class GGUFFile:
+    """An opened GGUF model file (memory-mapped, never copied)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise ModelFileError(f"model file not found: {self.path}")
+        if os.path.isdir(self.path):
+            raise ModelFileError(f"model path is a directory, not a GGUF file: {self.path}")
+        self.file_size = os.path.getsize(self.path)
+        with open(self.path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != GGUF_MAGIC:
+            raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {self.path}")
+        self.metadata, records = _load_index(self.path)
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r")  # [file_size] bytes
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, type_code, ne, offset in records:
+            self.tensors[name] = self._validated(name, type_code, ne, offset)
+
+    def _validated(self, name: str, type_code: int, ne: list[int], offset: int) -> TensorInfo:
+        try:
+            qtype = GGMLQuantizationType(type_code)
+        except ValueError:
+            raise UnsupportedModelError(f"tensor {name}: unknown tensor type {type_code}") from None
+        if qtype not in GGML_QUANT_SIZES:
+            raise UnsupportedModelError(f"tensor {name}: unknown tensor type {type_code}")
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        # ne is GGUF order: ne[0] is the contiguous dimension
+        if not ne or any(x <= 0 for x in ne):
+            raise ModelFileError(f"tensor {name}: invalid shape {ne}")
+        if ne[0] % block:
+            raise ModelFileError(f"tensor {name}: row length {ne[0]} is not a multiple of {qtype.name} block {block}")
+        n_bytes = int(np.prod(ne, dtype=np.int64)) // block * type_size
+        if offset < 0 or offset + n_bytes > self.file_size:
+            raise ModelFileError(
+                f"truncated or corrupt GGUF file {self.path}: tensor {name} needs bytes up to "
+                f"{offset + n_bytes}, file has {self.file_size}"
+            )
+        shape = tuple(reversed(ne))  # NumPy order
+        raw = self._map[offset:offset + n_bytes]
+        if qtype == GGMLQuantizationType.F32:
+            data = raw.view(np.float32).reshape(shape)
+        elif qtype == GGMLQuantizationType.F16:
+            data = raw.view(np.float16).reshape(shape)
+        else:  # block types (BF16 too): [..., bytes per row]
+            data = raw.reshape(*shape[:-1], ne[0] // block * type_size)
+        return TensorInfo(name, qtype, shape, data)
+
+    def get(self, key: str, default=None):
+        return self.metadata.get(key, default)
+
+    def require(self, key: str):
+        if key not in self.metadata:
+            raise ModelFileError(f"GGUF metadata key missing: {key} ({self.path})")
+        return self.metadata[key]
+
+    def tensor(self, name: str, required: bool = True) -> TensorInfo | None:
+        t = self.tensors.get(name)
+        if t is None and required:
+            raise ModelFileError(f"tensor missing from GGUF: {name} ({self.path})")
+        if t is not None and t.qtype not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(
+                f"tensor {name}: tensor type {t.qtype.name} is not supported "
+                f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})"
+            )
+        return t
+
+
+def _short(exc: Exception) -> str:
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}"[:200]
+
+
+def dequantize_tensor(info) -> np.ndarray:
+    """Any supported GGUF tensor as float32 in NumPy order, using ``gguf``'s dequantizers."""
+    if info.qtype == GGMLQuantizationType.F32:
+        return np.asarray(info.data, dtype=np.float32).reshape(info.shape).copy()
+    return np.asarray(gguf_quants.dequantize(info.data, info.qtype), dtype=np.float32).reshape(info.shape)

@@ -1,19 +1,21 @@
 """Every kernel against a NumPy oracle (float64), at odd sizes.
 
-Oracles: ``gguf.quants.dequantize`` followed by a float64 matmul for the weight formats;
-independent NumPy formulas for rms_norm, RoPE, SwiGLU and attention.  Kernels run with
+Oracles (tests/naive.py): ``gguf.quants.dequantize`` followed by a float64 matmul for the
+weight formats; independent NumPy formulas for rms_norm, RoPE and SwiGLU.  Kernels run with
 fastmath (reassociated float32 sums), so comparisons use tolerances scaled to the size of
 the terms summed, not bit equality.
 """
 
 import zlib
 
+import naive
 import numpy as np
 import pytest
-from gguf import quants as gguf_quants
 
 from llcinfer.errors import ModelFileError
-from llcinfer.kernels import Linear, linear_many, rms_norm, rope_inplace, swiglu
+from llcinfer.kernels import Linear, linear_many, rms_norm, swiglu
+from llcinfer.kernels.act_quant import quantize_activations
+from llcinfer.kernels.fused import rope_rows, rope_table
 from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels.simd import make_tag
 
@@ -22,31 +24,6 @@ from tiny_models import ALL_TYPES, FLOAT_TYPES, K_QUANTS, LEGACY_QUANTS, QUANT_T
 ROWS = (1, 3, 17, 33, 129)
 MS = (1, 3, 17)
 COLS = {q: (32, 96, 160) for q in LEGACY_QUANTS + FLOAT_TYPES} | {q: (256, 512) for q in K_QUANTS}
-
-
-def oracle_weight(t) -> np.ndarray:
-    """float64 [rows, cols] of a FakeTensor, without llcinfer's code or lookup tables."""
-    rows, cols = t.shape
-    name = t.qtype.name
-    if name == "F32":
-        return t.data.astype(np.float64)
-    if name == "F16":
-        return t.data.astype(np.float64)
-    if name == "BF16":
-        bits = np.ascontiguousarray(t.data).view("<u2").astype(np.uint32) << 16
-        return bits.view(np.float32).reshape(rows, cols).astype(np.float64)
-    return np.asarray(gguf_quants.dequantize(t.data, t.qtype), np.float64).reshape(rows, cols)
-
-
-def assert_matmul_close(y, x, w64, rel=1e-5):
-    """|y - x @ w.T| small next to both the result and the magnitude of the terms summed."""
-    x64 = x.astype(np.float64)
-    ref = x64 @ w64.T
-    terms = np.abs(x64) @ np.abs(w64).T  # [M, N] sum of |x_k w_k|: float32 rounding scales with it
-    err = np.abs(y.astype(np.float64) - ref)
-    assert y.shape == ref.shape and y.dtype == np.float32
-    assert np.all(np.isfinite(y))
-    assert np.all(err <= rel * terms), f"max err {err.max():.3g}, max |ref| {np.abs(ref).max():.3g}"
 
 
 # ---------------------------------------------------------------------------- matmul
@@ -61,19 +38,19 @@ def _matmul_cases():
 def test_linear_matches_dequantized_matmul(qtype, N, K):
     rng = np.random.default_rng(zlib.crc32(f"{qtype}-{N}-{K}".encode()))
     t = fake_tensor(rng, qtype, N, K)
-    w64 = oracle_weight(t)
+    w64 = naive.weight(t)
     assert np.all(np.isfinite(w64))
     lin = Linear(t, (N, K))
     assert (lin.rows, lin.cols, lin.nbytes) == (N, K, t.data.nbytes)
     for M in MS:
         x = rng.standard_normal((M, K)).astype(np.float32)
-        assert_matmul_close(lin(x), x, w64)
+        naive.assert_matmul_close(lin(x), x, w64)
     # caller-provided output buffer, and a non-contiguous activation view
     x = rng.standard_normal((5, K + 7)).astype(np.float32)[:, 3:K + 3]
     out = np.full((5, N), np.nan, np.float32)
     y = lin(x, out=out)
     assert y is out
-    assert_matmul_close(out, np.ascontiguousarray(x), w64)
+    naive.assert_matmul_close(out, np.ascontiguousarray(x), w64)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)
@@ -81,7 +58,7 @@ def test_get_rows_matches_dequantize(qtype):
     rng = np.random.default_rng(7)
     K = COLS[qtype][-1]
     t = fake_tensor(rng, qtype, 37, K)
-    w64 = oracle_weight(t)
+    w64 = naive.weight(t)
     lin = Linear(t)
     for ids in ([0], [36], [5, 5, 0, 36, 17], np.arange(37)[::-1], np.array([3, 1], np.int32)):
         rows = lin.get_rows(ids)
@@ -118,18 +95,21 @@ def test_linear_many_equals_separate_calls(types):
         for y, lin in zip(outs, lins):
             assert y.shape == (M, lin.rows)
             np.testing.assert_allclose(y, lin(x), rtol=1e-6, atol=1e-5)
-            assert_matmul_close(y, x, oracle_weight(lin.info))
+            naive.assert_matmul_close(y, x, naive.weight(lin.info))
 
 
 @pytest.mark.parametrize("types", [("F32", "Q8_0"), ("Q4_0",), ("Q4_0", "Q4_0", "Q4_0", "Q4_0"), ("F16", "BF16")],
                          ids="-".join)
 def test_linear_many_fallback_paths(types):
-    """One weight, four weights, or any float weight: separate calls, same results."""
+    """One weight, four weights, or any float weight (calls of their own): each product
+    against the dequantized oracle, with and without llama.cpp's input rounding."""
     rng = np.random.default_rng(12)
     lins = [Linear(fake_tensor(rng, q, 9, 96)) for q in types]
     x = rng.standard_normal((3, 96)).astype(np.float32)
     for y, lin in zip(linear_many(x, lins), lins):
-        np.testing.assert_array_equal(y, lin(x))
+        naive.assert_matmul_close(y, x, naive.weight(lin.info))
+    for y, lin in zip(linear_many(x, lins, llama_rounding=True), lins):
+        naive.assert_matmul_close(y, quantize_activations(x, lin.act_kind), naive.weight(lin.info))
 
 
 # ---------------------------------------------------------------------------- input checks
@@ -195,8 +175,7 @@ def test_rms_norm(M, K):
     x = (rng.standard_normal((M, K)) * rng.uniform(0.01, 100, (M, 1))).astype(np.float32)
     w = rng.uniform(0.5, 1.5, K).astype(np.float32)
     eps = 1e-5
-    x64 = x.astype(np.float64)
-    ref = x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * w
+    ref = naive.rms_norm(x, w, eps)
     y = np.full_like(x, np.nan)
     rms_norm(x, w, eps, y)
     np.testing.assert_allclose(y, ref, rtol=2e-5, atol=1e-6 * np.abs(ref).max())
@@ -215,20 +194,16 @@ def test_rms_norm_zero_row_is_finite():
 
 
 # ---------------------------------------------------------------------------- rope
-def rope_oracle(x, positions, base, neox):
-    """Independent RoPE: rotate pairs by angle p * base^(-2i/D)."""
+def _rope(x, positions, inv_freq, neox):
+    """x  # [M, H, D] rotated in place by the kernels' rope (fused.rope_rows: the H heads as
+    the query heads of one KV group, no bias, no rounding)."""
     M, H, D = x.shape
-    half = D // 2
-    out = x.astype(np.float64).copy()
-    for m in range(M):
-        for i in range(half):
-            theta = positions[m] * base ** (-2.0 * i / D)
-            c, s = np.cos(theta), np.sin(theta)
-            a_idx, b_idx = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            a, b = out[m, :, a_idx].copy(), out[m, :, b_idx].copy()
-            out[m, :, a_idx] = a * c - b * s
-            out[m, :, b_idx] = a * s + b * c
-    return out
+    cs = np.empty((M, D // 2, 2), np.float32)  # [M, D/2, 2]
+    rope_table(positions, inv_freq, cs)
+    q = x.reshape(M, H * D)
+    k, v = np.zeros((M, D), np.float32), np.zeros((M, D), np.float32)
+    none = np.zeros(H * D, np.float32)
+    rope_rows(q, k, v, none, none[:D], none[:D], False, 0, H, D, cs, neox, False)
 
 
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
@@ -239,15 +214,15 @@ def rope_oracle(x, positions, base, neox):
     (17, 4, 64, list(range(33, 50))),
     (4, 3, 128, [4095, 0, 1000, 2]),
 ])
-def test_rope_inplace(neox, M, H, D, positions):
+def test_rope_rows(neox, M, H, D, positions):
     rng = np.random.default_rng(D + M)
     x = rng.standard_normal((M, H, D)).astype(np.float32)
     pos = np.asarray(positions, np.int64)
     base = 10000.0
     inv_freq = base ** (-2.0 * np.arange(D // 2, dtype=np.float64) / D)
-    ref = rope_oracle(x, pos, base, neox)
+    ref = naive.rope(x, pos, inv_freq, neox)
     y = x.copy()
-    rope_inplace(y, pos, inv_freq, neox)
+    _rope(y, pos, inv_freq, neox)
     np.testing.assert_allclose(y, ref, rtol=0, atol=2e-6 * np.abs(x).max())
     # a rotation keeps each pair's norm
     np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
@@ -258,11 +233,11 @@ def test_rope_position_zero_is_identity_and_modes_differ():
     x = rng.standard_normal((2, 2, 8)).astype(np.float32)
     inv = 10000.0 ** (-2.0 * np.arange(4) / 8)
     y = x.copy()
-    rope_inplace(y, np.zeros(2, np.int64), inv, False)
+    _rope(y, np.zeros(2, np.int64), inv, False)
     np.testing.assert_array_equal(y, x)
     a, b = x.copy(), x.copy()
-    rope_inplace(a, np.array([3, 4], np.int64), inv, False)
-    rope_inplace(b, np.array([3, 4], np.int64), inv, True)
+    _rope(a, np.array([3, 4], np.int64), inv, False)
+    _rope(b, np.array([3, 4], np.int64), inv, True)
     assert not np.allclose(a, b)
 
 
@@ -280,8 +255,7 @@ def test_swiglu(M, F, isa):
     rng = np.random.default_rng(F)
     gate = (rng.standard_normal((M, F)) * 4).astype(np.float32)
     up = rng.standard_normal((M, F)).astype(np.float32)
-    g = gate.astype(np.float64)
-    ref = g / (1.0 + np.exp(-g)) * up
+    ref = naive.swiglu(gate, up)
     y = np.empty_like(gate)
     swiglu(gate, up, y, _swiglu_tag(isa))
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
@@ -311,24 +285,6 @@ def test_swiglu_extreme_gates(isa):
 
 
 # ---------------------------------------------------------------------------- llama.cpp input rounding
-def _q8_0_oracle(x):
-    """Q8_0 round trip per block of 32: d = max|x| / 127, q = round(x / d), x' = q * f16(d)."""
-    b = x.astype(np.float64).reshape(x.shape[0], -1, 32)
-    d = np.abs(b).max(-1, keepdims=True) / 127.0
-    q = np.round(np.divide(b, d, out=np.zeros_like(b), where=d > 0))
-    return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape), d.astype(np.float16).astype(np.float64)
-
-
-def _q8_k_oracle(x):
-    """Q8_K round trip per block of 256: s = -127 / (signed value of largest magnitude)."""
-    b = x.astype(np.float64).reshape(x.shape[0], -1, 256)
-    m = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
-    s = np.divide(-127.0, m, out=np.zeros_like(m), where=m != 0)
-    q = np.minimum(127.0, np.rint(s * b))
-    out = np.divide(q, s, out=np.zeros_like(q), where=s != 0)
-    return out.reshape(x.shape), np.divide(1.0, np.abs(s), out=np.zeros_like(s), where=s != 0)
-
-
 @pytest.mark.parametrize("kind", ["Q8_0", "Q8_K", "F16", "BF16", "F32"])
 def test_quantize_activations(kind):
     from llcinfer.kernels import act_quant as aq
@@ -341,7 +297,7 @@ def test_quantize_activations(kind):
     y = aq.quantize_activations(x, getattr(aq, "ACT_" + kind))
     assert y.shape == x.shape and y.dtype == np.float32 and np.all(np.isfinite(y))
     if kind in ("Q8_0", "Q8_K"):
-        ref, step = (_q8_0_oracle if kind == "Q8_0" else _q8_k_oracle)(x)
+        ref, step = (naive.q8_0_round if kind == "Q8_0" else naive.q8_k_round)(x)
         assert np.all(y[0, :256] == 0.0)
         step = np.repeat(step[..., 0], 32 if kind == "Q8_0" else 256, axis=1)  # [M, K] quantization step
         off = np.abs(y - ref) > 1e-4 * step  # float32 product q * d: <= 127 x 2^-24 steps off
@@ -413,7 +369,7 @@ def test_linear_many_llama_rounding_equals_separate_calls(types):
         for y, lin in zip(outs, lins):
             np.testing.assert_allclose(y, lin(x, llama_rounding=True), rtol=1e-6, atol=1e-5)
             xr = aq.quantize_activations(x, lin.act_kind)
-            assert_matmul_close(y, xr, oracle_weight(lin.info))
+            naive.assert_matmul_close(y, xr, naive.weight(lin.info))
             assert not np.array_equal(xr, x)
 
 
@@ -432,4 +388,4 @@ def test_quant_get_rows_odd_sizes(qtype, rows):
         ids = np.concatenate([np.arange(rows)[::-1], [0, rows - 1]]).astype(np.int64)
         out = np.full((ids.size, K), np.nan, np.float32)
         quant_get_rows(t.data, ids, int(t.qtype), F16_TO_F32, out)
-        np.testing.assert_array_equal(out.astype(np.float64), oracle_weight(t)[ids])
+        np.testing.assert_array_equal(out.astype(np.float64), naive.weight(t)[ids])

@@ -8,9 +8,9 @@ and avx2 alike); 'generic' is the float kernel of quant_matmul.py.
 import warnings
 import zlib
 
+import naive
 import numpy as np
 import pytest
-from gguf import quants as gguf_quants
 from gguf.constants import GGMLQuantizationType as QT
 
 from llcinfer.kernels import Linear, linear_many
@@ -29,23 +29,13 @@ COLS = {q: (32, 96, 4128) for q in LEGACY_QUANTS} | {q: (256, 768, 4352) for q i
 pytestmark = pytest.mark.skipif(not SIMD_ISAS, reason="CPU without AVX2: only the generic path")
 
 
-def _oracle(t):
-    rows, cols = t.shape
-    return np.asarray(gguf_quants.dequantize(t.data, t.qtype), np.float64).reshape(rows, cols)
-
-
 def _kind(qtype: str) -> int:
     return ACT_Q8_K if qtype in K_QUANTS else ACT_Q8_0
 
 
 def _check(y, xr, w64, rel=2e-6):
-    """|y - xr @ w.T| within float32 summation error of the terms summed."""
-    ref = xr @ w64.T
-    terms = np.abs(xr) @ np.abs(w64).T
-    err = np.abs(y.astype(np.float64) - ref)
-    assert y.dtype == np.float32 and y.shape == ref.shape
-    assert np.all(np.isfinite(y))
-    assert np.all(err <= rel * terms + 1e-30), f"max err {err.max():.3g} vs terms {terms.max():.3g}"
+    """Within float32 summation error of the rounded input's exact product."""
+    naive.assert_matmul_close(y, xr, w64, rel)
 
 
 @pytest.mark.parametrize("isa", SIMD_ISAS)
@@ -55,7 +45,7 @@ def test_simd_matmul_matches_oracle(isa, qtype, N):
     rng = np.random.default_rng(zlib.crc32(f"{isa}-{qtype}-{N}".encode()))
     for K in COLS[qtype]:
         t = fake_tensor(rng, qtype, N, K)
-        w64 = _oracle(t)
+        w64 = naive.weight(t)
         lin = Linear(t, (N, K), isa=isa)
         assert lin.simd and lin.isa == isa
         for M in MS:
@@ -77,7 +67,7 @@ def test_simd_linear_many(isa, types):
         x = rng.standard_normal((M, K)).astype(np.float32)
         ys = linear_many(x, lins, llama_rounding=True)
         for y, t, q in zip(ys, ts, types):
-            _check(y, quantize_activations(x, _kind(q)).astype(np.float64), _oracle(t))
+            _check(y, quantize_activations(x, _kind(q)).astype(np.float64), naive.weight(t))
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
@@ -90,7 +80,7 @@ def test_repack_round_trip(qtype, W):
         p = repack(t.data, int(t.qtype), K, W, chunk_rows=16)  # several chunks, a padded tail
         assert p.shape[0] == -(-N // W)
         back = unpack(p, int(t.qtype), N, K, W)
-        ref = np.asarray(gguf_quants.dequantize(t.data, t.qtype), np.float32).reshape(N, K)
+        ref = naive.weight(t).astype(np.float32)
         np.testing.assert_allclose(back, ref, rtol=1e-6, atol=0)
 
 
@@ -117,7 +107,7 @@ def test_simd_matmul_extreme_values(isa, qtype, fill):
     x = np.ones((5, K), np.float32) * np.array([1, -1, 3, -0.5, 2], np.float32)[:, None]
     xr = quantize_activations(x, _kind(qtype)).astype(np.float64)
     assert np.abs(xr).max() > 0
-    _check(lin(x, llama_rounding=True), xr, _oracle(t))
+    _check(lin(x, llama_rounding=True), xr, naive.weight(t))
 
 
 def test_block_bytes_agree_with_repack():
@@ -185,9 +175,9 @@ def test_generic_path_matches_simd(qtype):
     x = rng.standard_normal((3, K)).astype(np.float32)
     xr = quantize_activations(x, _kind(qtype)).astype(np.float64)
     y_gen = gen(x, llama_rounding=True)
-    _check(y_gen, xr, _oracle(t), rel=1e-5)
+    _check(y_gen, xr, naive.weight(t), rel=1e-5)
     for isa in SIMD_ISAS:
         y = Linear(t, (21, K), isa=isa)(x, llama_rounding=True)
-        _check(y, xr, _oracle(t))
-        terms = np.abs(xr) @ np.abs(_oracle(t)).T
+        _check(y, xr, naive.weight(t))
+        terms = np.abs(xr) @ np.abs(naive.weight(t)).T
         assert np.all(np.abs(y.astype(np.float64) - y_gen) <= 2e-5 * terms)

@@ -5,7 +5,7 @@ attention kernel for f32 / f16 / int8 storage against the NumPy oracle."""
 import numpy as np
 import psutil
 import pytest
-from naive import attention_oracle
+import naive
 from tiny_models import isolated_runtime, write_tiny_model
 
 from llcinfer.errors import OutOfMemoryError, UsageError
@@ -132,16 +132,6 @@ def test_pool_rejects_bad_arguments():
 
 
 # ---------------------------------------------------------------------------- attention kernel
-def _int8_roundtrip(x, group):
-    """The q8_0 rule in NumPy: d = max|x| / 127 per group, q = round half away from zero."""
-    g = x.reshape(*x.shape[:-1], -1, group)
-    d = (np.abs(g).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    v = g * inv
-    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
-    return (q * d).reshape(x.shape).astype(np.float32)
-
-
 KERNELS = {"serial": paged_attention_serial, "parallel": paged_attention_parallel}
 
 
@@ -166,11 +156,11 @@ def test_paged_attention_matches_oracle(kv_type, D, bs, group):
     if kv_type == "f16":
         k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
     elif kv_type == "int8":
-        k, v = _int8_roundtrip(k, pool.group), _int8_roundtrip(v, pool.group)
+        k, v = naive.int8_kv_round(k, pool.group), naive.int8_kv_round(v, pool.group)
     for M, n_past in ((1, 0), (1, 37), (3, 40), (17, n_max - 17), (1, n_max - 1)):
         q = (rng.standard_normal((M, H, D)) * 2).astype(np.float32)
         for li in range(L):
-            ref = attention_oracle(q, k[li], v[li], n_past, scale)
+            ref = naive.attention(q, k[li], v[li], n_past, scale)
             tol = 2e-5 * np.abs(v[li]).max()
             runs = [(fn, s) for fn in KERNELS.values() for s in (1, 2, 3)]
             for fn, splits in runs:
@@ -194,7 +184,7 @@ def test_paged_attention_large_scores_do_not_overflow():
     out = np.empty_like(q)
     paged_attention(q, pool.data, pool.data_f32, F16_TO_F32, 0, pool.group, pool.scale_offset,
                     seq.table[:seq.n_blocks], 0, 1, 4, 40, np.float32(1 / np.sqrt(32)), out, threads=2)
-    np.testing.assert_allclose(out, attention_oracle(q, k, v, 40, np.float32(1 / np.sqrt(32))), atol=1e-4)
+    np.testing.assert_allclose(out, naive.attention(q, k, v, 40, np.float32(1 / np.sqrt(32))), atol=1e-4)
 
 
 def test_int8_store_matches_q8_0_rule():
@@ -203,7 +193,7 @@ def test_int8_store_matches_q8_0_rule():
     x[2, 1] = 0.0  # an all-zero group: scale 0, values 0
     seq.store(0, 0, x, x)
     seq.n_tokens = 5
-    want = _int8_roundtrip(x, 32)
+    want = naive.int8_kv_round(x, 32)
     gs = 64 // 32
     for p in range(5):
         blk, j = seq.table[p // 4], p % 4
@@ -301,6 +291,6 @@ def test_read_returns_what_was_stored(kv_type):
     seq.store(1, 0, x, -x)
     seq.n_tokens = 9
     k, v = seq.read(1, 2, 9)
-    want = {"f32": x, "f16": x.astype(np.float16).astype(np.float32), "int8": _int8_roundtrip(x, 32)}[kv_type][2:]
+    want = {"f32": x, "f16": x.astype(np.float16).astype(np.float32), "int8": naive.int8_kv_round(x, 32)}[kv_type][2:]
     np.testing.assert_allclose(k, want, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(v, -want, rtol=1e-6, atol=1e-7)

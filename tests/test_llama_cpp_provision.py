@@ -164,7 +164,8 @@ def test_build_returns_early_when_built(home, monkeypatch):
 def test_generator_tool(tmp_path):
     assert lc.generator_tool(_fake_source(tmp_path / "new")) == "llama-completion"
     assert lc.generator_tool(_fake_source(tmp_path / "old", completion=False)) == "llama-cli"
-    assert lc.tools_for(tmp_path / "new") == ("llama-bench", "llama-completion", "llama-tokenize")
+    assert lc.tools_for(tmp_path / "new") == ("llama-bench", "llama-completion", "llama-tokenize",
+                                              "llama-batched-bench", "llama-speculative-simple")
 
 
 def test_find_source_env_override(home, tmp_path, monkeypatch):

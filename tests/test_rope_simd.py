@@ -6,6 +6,7 @@ Qwen2.5-1.5B (G=6, D=128, NEOX) and small odd ones (G=1, D=32); rows at odd posi
 scattered pool blocks, several rows per call.
 """
 
+import naive
 import numpy as np
 import pytest
 
@@ -20,17 +21,8 @@ SHAPES = [(3, 3, 64, False, False), (7, 2, 64, True, True), (6, 2, 128, True, Tr
 
 
 def _oracle_rope(x, pos, inv_freq, neox):
-    """x  # [D] f64 rotated at position pos (pairs (i, i+D/2) or (2i, 2i+1))."""
-    D = x.shape[0]
-    half = D // 2
-    out = x.copy()
-    for i in range(half):
-        th = np.float64(pos) * inv_freq[i]
-        c, s = float(np.float32(np.cos(th))), float(np.float32(np.sin(th)))
-        a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-        out[a] = x[a] * c - x[b] * s
-        out[b] = x[a] * s + x[b] * c
-    return out
+    """x  # [D] f64 rotated at position pos, with the kernels' f32 cos / sin."""
+    return naive.rope(x[None, None], [pos], inv_freq, neox, f32_angles=True)[0, 0]
 
 
 def _case(G, KVH, D, neox, has_bias, M, seed):

@@ -19,6 +19,7 @@ from pathlib import Path
 from .. import settings
 from .llama_cpp_config import (
     BASE_TOOLS,
+    COMPARISON_TOOLS,
     PACKAGE,
     SDIST_DIRNAME,
     SDIST_NAME,
@@ -134,7 +135,7 @@ def generator_tool(source: Path) -> str:
 
 
 def tools_for(source: Path) -> tuple[str, ...]:
-    return (BASE_TOOLS[0], generator_tool(source), BASE_TOOLS[1])
+    return (BASE_TOOLS[0], generator_tool(source), BASE_TOOLS[1], *COMPARISON_TOOLS)
 
 
 def _sha256(path: Path) -> str | None:

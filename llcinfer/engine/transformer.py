@@ -2,7 +2,7 @@
 
     x = embed(tokens)
     for each layer:
-        h = rmsnorm(x);  q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv);  rope(q, k)
+        h = rmsnorm(x);  q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv);  rope(q, k);  K, V appended
         x += attention(q, K_cache, V_cache) Wo
         h = rmsnorm(x);  x += (silu(h Wg) * h Wu) Wd
     logits = rmsnorm(x) Wout
@@ -16,6 +16,7 @@ from .. import kernels as K
 from ..model.architectures import get_architecture
 from ..model.architectures.base import ModelConfig, ModelWeights
 from ..model.gguf_file import GGUFFile
+from ..dtypes import KV_INT8
 from ..kv import DEFAULT_BLOCK_SIZE, KVPool, PagedSequence, PrefixCache, new_pool
 from ..kernels.paged_attention import attention_tag
 from ..weights.repack_cache import wait_loaded
@@ -47,6 +48,13 @@ class Transformer:
         self.llama_rounding = bool(llama_rounding)
         # vector exp in SwiGLU (as llama.cpp's own SIMD expf) with llama_rounding; libm's otherwise
         self.tag = attention_tag() if self.llama_rounding else None
+        c, layers = self.config, self.weights.layers
+        self.has_bias = layers[0].bq is not None
+        self.bq, self.bk, self.bv = (  # [L, H*D], [L, KVH*D], [L, KVH*D] f32 (zeros without biases)
+            np.stack([getattr(lw, n) for lw in layers]).astype(np.float32) if self.has_bias
+            else np.zeros((c.n_layer, width), np.float32)
+            for n, width in (("bq", c.n_head * c.head_dim), ("bk", c.n_kv_head * c.head_dim),
+                             ("bv", c.n_kv_head * c.head_dim)))
         self._weights_settled = False  # the repacked weights are on 2 MiB pages (repack_cache)
 
     def settle_weights(self) -> None:
@@ -103,6 +111,9 @@ class Transformer:
         for i in ids:
             if i.min() < 0 or i.max() >= c.vocab_size:
                 raise ValueError(f"token id out of range [0, {c.vocab_size})")
+        pool = chunks[0][0].pool
+        if any(seq.pool is not pool for seq, _ in chunks):
+            raise ValueError("forward: every sequence must live in one KV pool")
         for (seq, _), i in zip(chunks, ids):
             seq.prepare(i)  # room check; blocks committed (OutOfMemoryError before any compute)
         all_ids = np.concatenate(ids)  # [M] the rows of every chunk, chunk after chunk
@@ -111,6 +122,13 @@ class Transformer:
         starts = ends - np.array([i.size for i in ids])
         pos0 = [seq.n_tokens for seq, _ in chunks]
         positions = np.concatenate([np.arange(p, p + i.size, dtype=np.int64) for p, i in zip(pos0, ids)])  # [M]
+        row_seq = np.repeat(np.arange(len(chunks), dtype=np.int64), [i.size for i in ids])  # [M] chunk of each row
+        tables = np.zeros((len(chunks), max(seq.n_blocks for seq, _ in chunks)), np.int32)  # [chunk, blocks]
+        for t, (seq, _) in zip(tables, chunks):
+            t[:seq.n_blocks] = seq.table[:seq.n_blocks]
+        cs = np.empty((M, self.inv_freq.shape[0], 2), np.float32)  # [M, D/2, 2] rope cos / sin of each row
+        K.rope_table(positions, self.inv_freq, cs)
+        kv = pool.kernel_args()
         x = w.token_embd.get_rows(all_ids)  # [M, d_model] residual stream
         h = np.empty_like(x)  # [M, d_model] normed input of a block
         attn = np.empty((M, c.n_head, c.head_dim), np.float32)  # [M, H, D]
@@ -118,19 +136,15 @@ class Transformer:
         for li, lw in enumerate(w.layers):
             K.rms_norm(x, lw.attn_norm, c.rms_eps, h)
             q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv], rnd)  # [M, H*D], [M, KVH*D], [M, KVH*D]
-            if lw.bq is not None:
-                q += lw.bq
-                k += lw.bk
-                v += lw.bv
+            # + bias, rope, Q rounded to f16 as llama.cpp multiplies it by its f16 K cache, K/V appended
+            K.rope_append_rows(q, k, v, self.bq, self.bk, self.bv, self.has_bias, li, c.n_head // c.n_kv_head,
+                               c.head_dim, positions, row_seq, cs, c.rope_neox, rnd, kv["pool"], kv["kv_kind"],
+                               tables, c.n_kv_head, kv["bs"], self.tag)
             q3 = q.reshape(M, c.n_head, c.head_dim)
-            k3 = k.reshape(M, c.n_kv_head, c.head_dim)
-            v3 = v.reshape(M, c.n_kv_head, c.head_dim)
-            K.rope_inplace(q3, positions, self.inv_freq, c.rope_neox)
-            K.rope_inplace(k3, positions, self.inv_freq, c.rope_neox)
-            if rnd:  # llama.cpp multiplies Q by its f16 K cache in f16
-                q3[...] = q3.astype(np.float16)
             for (seq, _), r0, r1, p0 in zip(chunks, starts, ends, pos0):
-                seq.store(li, p0, k3[r0:r1], v3[r0:r1])
+                if kv["kv_kind"] == KV_INT8:  # rows quantized with their scales (not appended above)
+                    seq.store(li, p0, k[r0:r1].reshape(-1, c.n_kv_head, c.head_dim),
+                              v[r0:r1].reshape(-1, c.n_kv_head, c.head_dim))
                 seq.attention(li, q3[r0:r1], p0, self.scale, attn[r0:r1])
             x += lw.wo(attn.reshape(M, -1), llama_rounding=rnd)
             K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)

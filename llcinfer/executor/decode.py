@@ -98,14 +98,8 @@ class DecodeExecutor:
         masks = [(mask(lw.wq, lw.wk, lw.wv), mask(lw.wo), mask(lw.w_gate, lw.w_up), mask(lw.w_down)) for lw in w.layers]
         masks.append(mask(w.output))
         self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks))
-        L, dq, dkv = c.n_layer, c.n_head * c.head_dim, c.n_kv_head * c.head_dim
         self.attn_norm = np.stack([lw.attn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
         self.ffn_norm = np.stack([lw.ffn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
-        self.has_bias = w.layers[0].bq is not None
-        zero = np.zeros((L, 1), np.float32)
-        self.bq = np.stack([lw.bq for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dq)).copy()
-        self.bk = np.stack([lw.bk for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dkv)).copy()
-        self.bv = np.stack([lw.bv for lw in w.layers]) if self.has_bias else np.broadcast_to(zero, (L, dkv)).copy()
         self.workers = WorkerPool(domains.cores, [0] * len(domains.weight) + [1] * len(domains.attention))
         n_w = len(domains.weight)
         self._weight_ids = list(range(n_w))
@@ -208,7 +202,7 @@ class DecodeExecutor:
                 **{k: b[k] for k in ("x", "hpriv", "qpriv", "dpriv", "spriv", "qb", "kb", "vb", "attn", "gate", "up",
                                      "act", "ytmp", "logits", "rope_cs", "pmax", "psum", "pacc")},
                 attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, out_norm=m.weights.output_norm,
-                eps=np.float32(c.rms_eps), bq=self.bq, bk=self.bk, bv=self.bv, has_bias=self.has_bias,
+                eps=np.float32(c.rms_eps), bq=m.bq, bk=m.bk, bv=m.bv, has_bias=m.has_bias,
                 neox=c.rope_neox, round_q=True, lut=F16_TO_F32, pos=pos, seq=seq_idx, tables=tables,
                 split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof))
             job = dict(args=args, prog=prog, buffers=b, pos=pos, tables=tables, pool=pool, prof=prof,

@@ -25,14 +25,14 @@ from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
 from ..weights.repack import SUPPORTED as _REPACK_TYPES
 from ..weights.repack_cache import packed as _packed_weights
 from .dequant import quant_get_rows
-from .rope import rope_inplace
+from .fused import rope_append_rows, rope_table
 from .simd import lanes, make_tag
 from .tables import BF16_TO_F32, F16_TO_F32
 from .vnni_matmul import vnni_matmul, vnni_matmul3
 
 
 __all__ = [
-    "Linear", "linear_many", "rms_norm", "rope_inplace", "swiglu", "set_threads", "default_threads",
+    "Linear", "linear_many", "rms_norm", "rope_append_rows", "rope_table", "swiglu", "set_threads", "default_threads",
 ]
 
 

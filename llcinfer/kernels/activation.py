@@ -10,17 +10,21 @@ scalar loop called libm's expf once per value, 10 % of a Qwen2.5-0.5B prefill.
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import inline_kernel, kernel
 from .simd import addr, ldf, stf, vlanes, vloadf, vsplat, vstore, vtag
 from .simd_math import vadd, vdiv, vexp, vmul, vsub, vzero_f
+
+
+@inline_kernel
+def _silu_mul(g, u):
+    """silu(g) * u in scalars, exp(-g) clamped (see the module doc)."""
+    return g / (np.float32(1.0) + np.exp(min(-g, np.float32(80.0)))) * u
 
 
 @kernel
 def _swiglu_scalar(gate, up, y, m):
     for f in range(gate.shape[1]):
-        g = gate[m, f]
-        e = np.exp(min(-g, np.float32(80.0)))
-        y[m, f] = g / (np.float32(1.0) + e) * up[m, f]
+        y[m, f] = _silu_mul(gate[m, f], up[m, f])
 
 
 @kernel
@@ -38,9 +42,7 @@ def swiglu_cols(ga, ua, ya, M, F, f0, f1, vt):
             vstore(ya, o, vmul(vdiv(g, vadd(one, e)), vloadf(ua, o, vt)))
             f += W
         while f < f1:
-            g = ldf(ga, m * F + f)
-            e = np.exp(min(-g, np.float32(80.0)))
-            stf(ya, m * F + f, g / (np.float32(1.0) + e) * ldf(ua, m * F + f))
+            stf(ya, m * F + f, _silu_mul(ldf(ga, m * F + f), ldf(ua, m * F + f)))
             f += 1
 
 

@@ -2,20 +2,25 @@
 
     norm_quant:   h = rmsnorm(x) * w, then h quantized to int8 blocks (Q8_0 and/or Q8_K)
     quant_only:   the same quantization without the norm (the input of Wo and W_down)
+    rope_table:   each row's rope cos / sin, once per step
     rope_append:  for the heads of one KV group: + bias, RoPE on q and k, q rounded to f16
                   (llama.cpp's f16 Q), k and v stored in the paged pool at each row's position
+                  (rope_simd.py: the same on vectors); rope_append_rows runs them for every
+                  group of the batched forward pass
 
-Each works on whole rows of a small batch (M decode rows), single-threaded: the executor
-runs several of them at once on different data.
+Each works on whole rows, single-threaded: the executor runs several of them at once on
+different data.
 """
 
 import numpy as np
 
-from ..dtypes import KV_F16
+from ..dtypes import KV_F16, KV_INT8
 from .act_quant import _half_bits, _half_value, quantize_q8_0_int, quantize_q8_k_int
-from ..jit import kernel
+from ..jit import inline_kernel, kernel
 from .norm import rms_norm
 from .paged_attention import kv_index
+from .rope_simd import rope_append_simd, rope_simd_ok
+from .simd import lanes_of
 
 
 @kernel
@@ -45,6 +50,53 @@ def rope_table(pos, inv_freq, cs):
             cs[m, i, 1] = np.float32(np.sin(theta))
 
 
+@inline_kernel
+def _rope_row(q, k, v, bq, bk, bv, has_bias, kvh, G, D, m, cs, neox, round_q, scratch):
+    """Row m of KV group kvh: + bias, RoPE on its q heads and k (cos / sin cs[m]), q
+    rounded to f16 (round_q)."""
+    half = D // 2
+    ko = kvh * D
+    if has_bias:
+        for d in range(D):
+            k[m, ko + d] += bk[ko + d]
+            v[m, ko + d] += bv[ko + d]
+        for g in range(G):
+            qo = (kvh * G + g) * D
+            for d in range(D):
+                q[m, qo + d] += bq[qo + d]
+    for i in range(half):
+        c = cs[m, i, 0]
+        s = cs[m, i, 1]
+        ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        for hh in range(G + 1):
+            if hh < G:
+                o = (kvh * G + hh) * D
+                a = q[m, o + ia]
+                b = q[m, o + ib]
+                q[m, o + ia] = a * c - b * s
+                q[m, o + ib] = a * s + b * c
+            else:
+                a = k[m, ko + ia]
+                b = k[m, ko + ib]
+                k[m, ko + ia] = a * c - b * s
+                k[m, ko + ib] = a * s + b * c
+    if round_q:
+        for g in range(G):
+            qo = (kvh * G + g) * D
+            for d in range(D):
+                scratch[0] = q[m, qo + d]
+                q[m, qo + d] = _half_value(_half_bits(scratch.view(np.uint32)[0]))
+
+
+@kernel
+def rope_rows(q, k, v, bq, bk, bv, has_bias, kvh, G, D, cs, neox, round_q):
+    """``_rope_row`` for KV group kvh of every row, without the KV append (an int8 pool
+    quantizes rows itself: block_table.PagedSequence.store)."""
+    scratch = np.empty(1, np.float32)
+    for m in range(q.shape[0]):
+        _rope_row(q, k, v, bq, bk, bv, has_bias, kvh, G, D, m, cs, neox, round_q, scratch)
+
+
 @kernel
 def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, round_q,
                 pool, kind, tables, layer, KVH, bs):
@@ -54,48 +106,16 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, ro
     bq # [H*D], bk, bv  # [KVH*D] biases (has_bias)
     pos, seq  # [M] position and sequence of each row;  tables  # [n_seq, blocks] int32
     cs  # [M, D/2, 2] rope cos / sin of each row (rope_table)
-    pool  # [block, elems]: f16 bits (kind 1) or f32 (kind 0), layout of paged_attention.py (K^T)
+    pool  # [block, elems]: f16 bits (kind KV_F16) or f32 (KV_F32), layout of paged_attention.py (K^T)
     """
-    M = q.shape[0]
-    half = D // 2
     scratch = np.empty(1, np.float32)  # [1] f32 <-> bits
     ko = kvh * D
-    for m in range(M):
+    flat = pool.reshape(-1)
+    for m in range(q.shape[0]):
+        _rope_row(q, k, v, bq, bk, bv, has_bias, kvh, G, D, m, cs, neox, round_q, scratch)
         p = pos[m]
-        if has_bias:
-            for d in range(D):
-                k[m, ko + d] += bk[ko + d]
-                v[m, ko + d] += bv[ko + d]
-            for g in range(G):
-                qo = (kvh * G + g) * D
-                for d in range(D):
-                    q[m, qo + d] += bq[qo + d]
-        for i in range(half):
-            c = cs[m, i, 0]
-            s = cs[m, i, 1]
-            ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            for hh in range(G + 1):
-                if hh < G:
-                    o = (kvh * G + hh) * D
-                    a = q[m, o + ia]
-                    b = q[m, o + ib]
-                    q[m, o + ia] = a * c - b * s
-                    q[m, o + ib] = a * s + b * c
-                else:
-                    a = k[m, ko + ia]
-                    b = k[m, ko + ib]
-                    k[m, ko + ia] = a * c - b * s
-                    k[m, ko + ib] = a * s + b * c
-        if round_q:
-            for g in range(G):
-                qo = (kvh * G + g) * D
-                for d in range(D):
-                    scratch[0] = q[m, qo + d]
-                    q[m, qo + d] = _half_value(_half_bits(scratch.view(np.uint32)[0]))
-        table = tables[seq[m]]
-        blk = table[p // bs]
+        blk = tables[seq[m]][p // bs]
         slot = p % bs
-        flat = pool.reshape(-1)
         for d in range(D):
             off_k = kv_index(pool, blk, layer, 0, kvh, slot, d, KVH, bs, D, kind)  # K^T: d * bs + slot
             off_v = kv_index(pool, blk, layer, 1, kvh, slot, d, KVH, bs, D, kind)
@@ -107,3 +127,20 @@ def rope_append(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, ro
             else:
                 flat[off_k] = k[m, ko + d]
                 flat[off_v] = v[m, ko + d]
+
+
+def rope_append_rows(q, k, v, bq, bk, bv, has_bias, layer, G, D, pos, seq, cs, neox, round_q, pool, kind, tables,
+                     KVH, bs, tag) -> None:
+    """Bias, RoPE, Q rounding and the KV append of every row and KV group (the batched
+    forward pass); the executor's ROPE tiles run the same per-row kernels.  bq, bk, bv
+    # [L, ...] of every layer; an int8 pool (kind KV_INT8) gets no append here."""
+    simd = (tag is not None and kind == KV_F16 and rope_simd_ok(D, lanes_of(tag)) and cs.shape[1] * 2 == D)
+    for kvh in range(KVH):
+        if simd:
+            rope_append_simd(q, k, v, bq, bk, bv, has_bias, kvh, G, D, pos, seq, cs, neox, round_q, pool, tables,
+                             layer, KVH, bs, tag)
+        elif kind != KV_INT8:
+            rope_append(q, k, v, bq[layer], bk[layer], bv[layer], has_bias, kvh, G, D, pos, seq, cs, neox, round_q,
+                        pool, kind, tables, layer, KVH, bs)
+        else:
+            rope_rows(q, k, v, bq[layer], bk[layer], bv[layer], has_bias, kvh, G, D, cs, neox, round_q)

@@ -41,6 +41,11 @@ def lanes(isa: str) -> int:
     return _LANES[TAGS[isa]]
 
 
+def lanes_of(tag: np.ndarray) -> int:
+    """Lanes of a tag array (make_tag) from Python."""
+    return _LANES[tag.dtype]
+
+
 class Vec(types.Type):
     """An LLVM vector of ``n`` lanes: 32-bit ints (is_float False) or float32."""
 

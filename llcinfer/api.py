@@ -15,6 +15,7 @@ requests decode together, a finished one's place is taken at once.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
@@ -25,7 +26,6 @@ from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
 from .engine.transformer import Transformer
 from .errors import ChatTemplateError, ModelFileError, UsageError
-from .executor import unsupported_reason
 from .jit import set_threads
 from .kv import KV_TYPES
 from .model import catalog
@@ -92,12 +92,12 @@ class LLM:
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise UsageError(f"n_ctx must be a positive integer (got {n_ctx!r})")
         self.n_ctx = n_ctx
-        # the planner's plan for this machine, context and concurrency; its cores run the decode rows
-        self.plan = None if unsupported_reason(self.model) else plan_for_model(self.model, n_ctx, n_seq, self.threads)
-        domains = None if self.plan is None else domains_from_plan(self.plan, self.config)
+        # the planner's plan for this machine, context and concurrency: its cores run the decode
+        # rows when the runner can put them on the executor (executor_note says why not)
+        self.plan = plan_for_model(self.model, n_ctx, n_seq, self.threads)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
-                             kv_budget_bytes=budget, domains=domains)
+                             kv_budget_bytes=budget, domains=domains_from_plan(self.plan, self.config))
         self.executor_note = self.engine.runner.executor_note  # why decode rows skip the executor (None: they don't)
         self.engine.runner.warm_up(self.engine.new_sequence)
         self._last_stats = GenerationStats()
@@ -109,12 +109,21 @@ class LLM:
         ``prompt``: raw text, or a conversation ``[{"role": ..., "content": ...}, ...]`` put
         through the chat template.  Iterate the handle for text pieces, or call
         ``result()`` for the whole ``Completion``; ``cancel()`` ends it and frees its KV."""
+        return self.engine.submit(self._prompt_ids(prompt), self._params(sampling))
+
+    def submit_n(self, prompt: str | list[dict], n: int, **sampling) -> list[RequestHandle]:
+        """``n`` samples of one prompt, which is computed once: the others share its KV
+        blocks and its logits.  With ``seed``, sample i draws from seed + i."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise UsageError(f"n must be a positive integer (got {n!r})")
         params = self._params(sampling)
+        seeds = [None] * n if params.seed is None else [params.seed + i for i in range(n)]
+        return self.engine.submit_n(self._prompt_ids(prompt), [replace(params, seed=s) for s in seeds])
+
+    def _prompt_ids(self, prompt: str | list[dict]) -> list[int]:
         if isinstance(prompt, list):
-            ids = self.tokenize(self.apply_chat_template(prompt), special=True)
-        else:
-            ids = self.tokenize(prompt, special=False, add_bos=None)
-        return self.engine.submit(ids, params)
+            return self.tokenize(self.apply_chat_template(prompt), special=True)
+        return self.tokenize(prompt, special=False, add_bos=None)
 
     def generate(self, prompt: str, **sampling) -> str:
         """Complete ``prompt`` (raw text, no chat template) and return the completion.

@@ -3,6 +3,7 @@
     python perf/ab_trees.py --old HEAD --new worktree qwen2.5-coder-0.5b --threads 1 2 --depth 0 4096
     python perf/ab_trees.py --old 627c2a9 --new HEAD smollm2-135m --depth 4096 -r 20
     python perf/ab_trees.py --old HEAD qwen2.5-coder-0.5b --pp -n 512 -r 6
+    python perf/ab_trees.py --old HEAD smollm2-135m --api -n 64    # LLM.generate's own TPOT
 
 This host's speed drifts by up to 1.5x within minutes (other tenants), so two processes
 run one after the other can differ by more than a kernel change does.  Here both trees are
@@ -62,6 +63,27 @@ def prepare_trees(trees: dict) -> None:
         materialise(tree, trees_dir, f"ab_{name}")
 
 
+class ApiBench:
+    """TPOT as a user gets it: ``LLM.generate`` (greedy, end of text ignored) of a tree's
+    package, its own ``last_stats`` (sampling, detokenizing and the step loop included)."""
+
+    def __init__(self, package, model: str, threads: int, n_ctx: int):
+        self.llm = importlib.import_module(f"{package}.api").LLM(model, threads=threads, n_ctx=n_ctx, progress=False)
+        self.depth = 0
+
+    def set_depth(self, depth: int, mode: str = "auto") -> None:
+        if depth:
+            raise SystemExit("--api runs from an empty context (--depth 0)")
+
+    def warmup(self) -> None:
+        self.tg(8)
+
+    def tg(self, n: int) -> float:
+        """Seconds per token after the first, times n (what compare() divides by n)."""
+        self.llm.generate("The three primary colors are", max_tokens=n, temperature=0, ignore_eos=True)
+        return self.llm.last_stats.tpot_ms / 1e3 * n
+
+
 def quartiles(xs) -> tuple[float, float, float]:
     return tuple(float(v) for v in np.percentile(xs, [50, 25, 75]))
 
@@ -94,6 +116,7 @@ def main(argv=None) -> None:
     ap.add_argument("--depth", type=int, nargs="+", default=[0])
     ap.add_argument("-n", type=int, default=32, help="tokens per tg run")
     ap.add_argument("--pp", action="store_true", help="time prefill of an n-token prompt instead of tg")
+    ap.add_argument("--api", action="store_true", help="TPOT of LLM.generate (the step loop) instead of raw decode steps")
     ap.add_argument("-r", "--reps", type=int, default=12, help="tg runs per tree (alternating)")
     ap.add_argument("--load-first", choices=("old", "new", "both"), default="both",
                     help="which tree loads its model and KV pool first; both: each once (see below)")
@@ -102,14 +125,20 @@ def main(argv=None) -> None:
     trees = {"old": args.old, "new": args.new}
     prepare_trees(trees)
     ours = {name: importlib.import_module(f"ab_{name}.bench.ours") for name in trees}
+
+    def make(name, threads, n_ctx):
+        if args.api:
+            return ApiBench(f"ab_{name}", args.model, threads, n_ctx)
+        return ours[name].OursBench(args.model, threads, n_ctx)
+
     n_ctx = max(args.depth) + args.n + 64
     rows = []
     orders = {"old": [("old", "new")], "new": [("new", "old")]}.get(args.load_first, [("old", "new"), ("new", "old")])
-    label = f"{args.model} {'pp' if args.pp else 'tg'}{args.n}"
+    label = f"{args.model} {'pp' if args.pp else 'api-tg' if args.api else 'tg'}{args.n}"
     for threads in args.threads:
         by_depth = {d: [] for d in args.depth}
         for order in orders:
-            benches = {name: ours[name].OursBench(args.model, threads, n_ctx) for name in order}
+            benches = {name: make(name, threads, n_ctx) for name in order}
             for depth in args.depth:
                 row = {"threads": threads, "loaded_first": order[0],
                        **compare(benches, depth, args.n, args.reps, args.pp)}

@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default="burst,random")
     ap.add_argument("--vs", default="llama.cpp", choices=["llama.cpp", "none"])
+    ap.add_argument("--kv-budget-mb", type=float, default=None,
+                    help="cap our KV memory (requests past it are preempted and recomputed)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batch.split(",")]
@@ -127,12 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     for model in a.models.split(","):
         tpot1 = None
         for B in batches:
-            llm = LLM(model, threads=a.threads, n_seq=B, n_ctx=n_ctx, progress=False)
+            llm = LLM(model, threads=a.threads, n_seq=B, n_ctx=n_ctx, progress=False, kv_budget_mb=a.kv_budget_mb)
             wait_loaded()
             llm.start()
-            prompts = make_prompts(llm, B, lengths, seed=B)
-            run_ours(llm, prompts, 8, [0.0] * B)  # warm: every batch size's program, the first touches
-            P = round(statistics.mean(len(p) for p in prompts))
+            run_ours(llm, make_prompts(llm, B, lengths, seed=0), 8, [0.0] * B)  # warm: programs, first touches
+            prompts = {(rep, mode): make_prompts(llm, B, lengths, seed=1000 * B + 10 * rep + i)
+                       for rep in range(a.reps) for i, mode in enumerate(modes)}  # fresh text: no prefix hits
+            P = round(statistics.mean(len(p) for ps in prompts.values() for p in ps))
             row = {"model": model, "threads": a.threads, "B": B, "gen": a.gen, "mean_prompt": P,
                    "plan": llm.plan.label if llm.plan else None}
             res = {m: [] for m in modes}
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                         arrivals = [x - arrivals[0] for x in arrivals]
                     else:
                         arrivals = [0.0] * B
-                    res[mode].append(run_ours(llm, prompts, a.gen, arrivals))
+                    llm.reset()  # no cached prefix from an earlier run
+                    res[mode].append(run_ours(llm, prompts[rep, mode], a.gen, arrivals))
                 if binary is not None:
                     res["llama.cpp"].append(run_llama(str(binary), str(llm.model_path), a.threads, B, P, a.gen,
                                                       B * (P + a.gen) + 64))
@@ -171,7 +175,8 @@ def _print_row(r: dict) -> None:
         if mode in r:
             m = r[mode]
             parts.append(f"{mode} {m['tps']:6.1f} t/s ttft {m['ttft_p50_s']:.2f}/{m['ttft_p99_s']:.2f} s "
-                         f"tpot {m['tpot_p50_ms']:.1f}/{m['tpot_p99_ms']:.1f} ms")
+                         f"tpot {m['tpot_p50_ms']:.1f}/{m['tpot_p99_ms']:.1f} ms"
+                         + (f" preempted {m['preemptions']:.0f}" if m["preemptions"] else ""))
     if "llama.cpp" in r:
         m = r["llama.cpp"]
         parts.append(f"llama.cpp {m['tps']:6.1f} t/s (S_TG {m['s_tg_tps']:.1f})")

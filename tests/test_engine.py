@@ -26,14 +26,19 @@ def _prompt(seed: int, n: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 250, n).tolist()
 
 
+def _tiny(tmp_path_factory, arch: str, llama_rounding: bool):
+    """(path, Transformer, Tokenizer) of a tiny Q8_0 model of ``arch``."""
+    with isolated_runtime(tmp_path_factory.mktemp("home")):
+        path = write_tiny_model(tmp_path_factory.mktemp("m") / f"{arch}.gguf", arch=arch, qtype="Q8_0",
+                                d_model=128, n_head=4, n_kv_head=2, d_ff=96)
+        gguf = GGUFFile(path)
+        yield path, Transformer(gguf, llama_rounding=llama_rounding), Tokenizer.from_metadata(gguf.metadata)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny llama model, exact f32 numerics (every row on the batched forward pass)."""
-    with isolated_runtime(tmp_path_factory.mktemp("home")):
-        path = write_tiny_model(tmp_path_factory.mktemp("m") / "tiny.gguf", arch="llama", qtype="Q8_0",
-                                d_model=128, n_head=4, n_kv_head=2, d_ff=96)
-        gguf = GGUFFile(path)
-        yield path, Transformer(gguf, llama_rounding=False), Tokenizer.from_metadata(gguf.metadata)
+    yield from _tiny(tmp_path_factory, "llama", False)
 
 
 def _engine(tiny, **kw) -> Engine:
@@ -158,6 +163,27 @@ def test_next_turn_starts_from_the_last_sequence(tiny):
     assert fresh.stats.n_prompt_evaluated == len(turn) and fresh.token_ids == second.token_ids
 
 
+def test_n_samples_share_the_prompt(tiny):
+    """Four samples of one 40-token prompt: computed once (the others fork its blocks and
+    take its logits), each sample its own seed, each as it would be alone."""
+    eng = _engine(tiny, n_seq=4, step_tokens=16)
+    p = _prompt(120, 40)
+    hot = [SamplingParams(temperature=20.0, top_k=0, top_p=1.0, min_p=0.0, seed=s, max_tokens=8, ignore_eos=True)
+           for s in range(4)]
+    handles = eng.submit_n(p, hot)
+    peak = []
+    while not all(h.done for h in handles):
+        eng.step()
+        peak.append(eng.pool.n_committed)
+    got = [h.result() for h in handles]
+    assert [g.stats.n_prompt_evaluated for g in got] == [40, 0, 0, 0]
+    assert max(peak) <= 10 + 4 * 2  # the prompt's 10 blocks once, a block or two more per sample
+    assert eng.prefix.stats.hit_tokens >= 3 * 40
+    alone = [_engine(tiny, prefix_sharing=False).generate([p], h)[0].token_ids for h in hot]
+    assert [g.token_ids for g in got] == alone
+    assert len({tuple(g.token_ids) for g in got}) > 1  # the seeds differ
+
+
 def test_cancel_frees_the_blocks_at_once(tiny):
     eng = _engine(tiny, n_seq=2, prefix_sharing=False)
     h = eng.submit(_prompt(50, 30), SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
@@ -172,6 +198,23 @@ def test_cancel_frees_the_blocks_at_once(tiny):
     assert eng.pool.n_committed == before - held
     assert other.result().stop_reason == "length" and len(other.result().token_ids) == 4
     assert eng.pool.n_committed == 0
+
+
+def test_a_failed_step_ends_its_requests_not_the_loop(tiny):
+    eng = _engine(tiny, n_seq=2)
+    run = eng.runner.run
+
+    def broken(batch):
+        raise RuntimeError("injected")
+
+    eng.runner.run = broken
+    h = eng.submit(_prompt(110, 6), GREEDY)
+    done = h.result()
+    assert done.stop_reason == "error" and "injected" in str(done.error)
+    with pytest.raises(RuntimeError, match="injected"):
+        list(eng.submit(_prompt(111, 6), GREEDY))
+    eng.runner.run = run
+    assert eng.generate([_prompt(110, 6)], GREEDY)[0].stop_reason == "length"
 
 
 def test_per_request_sampling_and_seeds_are_their_own(tiny):
@@ -235,18 +278,14 @@ def test_requests_from_many_threads_on_the_engine_thread(tiny):
 # ---------------------------------------------------------------------------- batch invariance
 @pytest.fixture(scope="module")
 def tiny_fast(tmp_path_factory):
-    """A tiny model on the executor (llama.cpp numerics) with 2 workers."""
-    with isolated_runtime(tmp_path_factory.mktemp("home")):
-        path = write_tiny_model(tmp_path_factory.mktemp("m") / "fast.gguf", arch="qwen2", qtype="Q8_0",
-                                d_model=128, n_head=4, n_kv_head=2, d_ff=96)
-        gguf = GGUFFile(path)
-        yield Transformer(gguf), Tokenizer.from_metadata(gguf.metadata)
+    """A tiny qwen2 model in llama.cpp numerics: its decode rows run on the executor."""
+    yield from _tiny(tmp_path_factory, "qwen2", True)
 
 
 def test_batch_invariance_on_the_executor(tiny_fast):
     """Eight requests of mixed lengths (long enough for several attention splits) decode
     together on the executor: each gives exactly its tokens alone."""
-    model, tok = tiny_fast
+    _, model, tok = tiny_fast
     eng = Engine(model, tok, n_ctx=512, step_tokens=32, n_seq=8, block_size=16, prefix_sharing=False,
                  domains=Domains(weight=(None, None)))
     assert eng.runner.executor is not None

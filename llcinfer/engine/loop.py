@@ -61,7 +61,8 @@ class Engine:
         return PagedSequence(self.pool, self.n_ctx, self.prefix, name)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, prompt: list[int], params: SamplingParams, want_logits: bool = False) -> RequestHandle:
+    def submit(self, prompt: list[int], params: SamplingParams, want_logits: bool = False,
+               _queue: bool = True) -> RequestHandle:
         """Queue a request for ``prompt`` (token ids); returns its handle.  Thread-safe."""
         params = params.validate()
         prompt = [int(t) for t in prompt]
@@ -74,8 +75,20 @@ class Engine:
             raise ContextLengthError(f"prompt of {len(prompt)} tokens exceeds the context length {self.n_ctx}")
         req = Request(next(self._ids), prompt, params, vocab, self.tokenizer.stream_decoder(),
                       self.tokenizer.eog_ids, want_logits)
-        self._post(("add", req))
+        if _queue:
+            self._post(("add", req))
         return RequestHandle(self, req)
+
+    def submit_n(self, prompt: list[int], params: list[SamplingParams]) -> list[RequestHandle]:
+        """One request per ``params`` for the same prompt, computed once: the others fork its
+        blocks and sample their first token from its logits.  Thread-safe."""
+        if not params:
+            raise UsageError("submit_n needs at least one set of sampling parameters")
+        handles = [self.submit(prompt, p, _queue=False) for p in params]
+        leader = handles[0].request
+        leader.followers = [h.request for h in handles[1:]]
+        self._post(("add", leader))
+        return handles
 
     def cancel(self, req: Request) -> None:
         """End ``req`` and free its blocks: now when no step is running, else right after it."""
@@ -103,7 +116,7 @@ class Engine:
             what, req = self._inbox.popleft()
             if what == "add" and not req.cancel_requested:
                 self.scheduler.add(req)
-            elif req.state is not State.FINISHED:
+            elif what == "cancel" and req.state is not State.FINISHED:
                 self._finish(req, "cancelled")
 
     # ------------------------------------------------------------------ the step
@@ -119,7 +132,13 @@ class Engine:
         now = time.perf_counter()
         for c in batch.chunks:
             c.request.mark_scheduled(now)
-        self._post_process(batch, self.runner.run(batch))
+        try:
+            logits = self.runner.run(batch)
+        except Exception as e:  # noqa: BLE001 - an executor failure ends this batch's requests, not the loop
+            for c in batch.chunks:
+                self._finish(c.request, "error", e)
+            return True
+        self._post_process(batch, logits)
         self.n_steps += 1
         return True
 
@@ -132,21 +151,41 @@ class Engine:
                 continue  # a prompt chunk short of the last token
             if req.want_logits and req.logits is None:
                 req.logits = np.array(row, np.float32)
-            p = req.params
-            if req.stats.n_generated >= p.max_tokens:
-                self._finish(req, "length")
-                continue
-            token = req.sampler.sample(row, req.tokens)
-            if token in req.eog:
-                self._finish(req, "eos")
-            elif req.append(token, now):
-                self._finish(req, "stop")
-            elif req.stats.n_generated >= p.max_tokens:
-                self._finish(req, "length")
-            elif req.n_computed >= self.n_ctx:
-                self._finish(req, "context")
+            followers, req.followers = req.followers, []
+            for f in followers:  # n samples of this prompt: its blocks and these logits are theirs too
+                if f.cancel_requested:
+                    continue
+                f.seq = req.seq.fork(f"request {f.id}")
+                f.n_computed = req.n_computed
+                f.mark_scheduled(now)
+                f.stats.n_prompt_evaluated = 0
+                if self.prefix is not None:
+                    self.prefix.stats.hit_tokens += f.n_computed
+                self.scheduler.activate(f)
+                self._sample(f, row, now)
+            self._sample(req, row, now)
+
+    def _sample(self, req: Request, row: np.ndarray, now: float) -> None:
+        """The next token of ``req`` from its logits row, and the checks that end it."""
+        p = req.params
+        if req.stats.n_generated >= p.max_tokens:
+            self._finish(req, "length")
+            return
+        token = req.sampler.sample(row, req.tokens)
+        if token in req.eog:
+            self._finish(req, "eos")
+        elif req.append(token, now):
+            self._finish(req, "stop")
+        elif req.stats.n_generated >= p.max_tokens:
+            self._finish(req, "length")
+        elif req.n_computed >= self.n_ctx:
+            self._finish(req, "context")
 
     def _finish(self, req: Request, reason: str, error: Exception | None = None) -> None:
+        followers, req.followers = req.followers, []
+        for f in followers:  # it ended before its prompt was done: they compute it themselves
+            if not f.cancel_requested:
+                self.scheduler.add(f)
         self.scheduler.remove(req)
         if self.prefix is not None and req.seq is not None and reason not in ("error", "cancelled"):
             self.scheduler.retain(req.seq)  # the next prompt may extend it (a chat turn)

@@ -113,6 +113,9 @@ class Request:
         self._text: list[str] = []
         self.pieces: queue.SimpleQueue = queue.SimpleQueue()  # text pieces, then None at the end
         self.finished = threading.Event()
+        # samples of the same prompt (LLM.submit_n): they start from this request's prompt
+        # blocks and its logits after the prompt, once it has them (the loop forks them)
+        self.followers: list[Request] = []
 
     # ------------------------------------------------------------------ views
     @property

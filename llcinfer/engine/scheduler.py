@@ -9,7 +9,9 @@ Each step gets at most ``max_step_tokens`` tokens:
    steps, and the others decode in each of them);
 2. with tokens left, waiting requests are admitted in order while fewer than
    ``max_seqs`` run and the pool has free blocks for their first chunk (a request first
-   adopts the indexed blocks of its longest known prefix).
+   adopts the indexed blocks of its longest known prefix).  A request with followers (n
+   samples of one prompt) counts as all of them: the loop forks them off its sequence
+   once its prompt is done.
 
 A new request also looks at the sequence of the last request that finished, kept while
 the pool has room: a prompt that extends it (the next turn of a chat, the same prompt
@@ -116,8 +118,10 @@ class Scheduler:
                 budget -= n
                 i += 1
             # else req itself was preempted or failed: running[i] is now the next one
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+        while self.waiting and budget > 0:
             req = self.waiting[0]
+            if self.running and len(self.running) + 1 + len(req.followers) > self.max_seqs:
+                break
             if self._never_fits(req, batch):
                 continue
             n = self._admit(req, budget)
@@ -148,6 +152,12 @@ class Scheduler:
                 self._preempt(victim)
                 if victim is req:
                     return False
+
+    def activate(self, req: Request) -> None:
+        """A follower forked off its leader's sequence runs from now on."""
+        req.state = State.RUNNING
+        req.evaluated_once = True
+        self.running.append(req)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)

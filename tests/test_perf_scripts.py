@@ -59,3 +59,18 @@ def test_help(name):
     assert "usage:" in r.stdout.lower(), r.stdout
     assert _squash(_purpose(PERF / name)) in _squash(r.stdout), f"{name}: the usage does not open with its docstring"
 
+
+def test_must_show_dry_run_is_the_default_set():
+    r = _run("perf/must_show.py", "--dry-run", "--tag", "T", "--isa", "avx2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    benches = [ln for ln in lines if ln.startswith("llcinfer bench")]
+    assert len([ln for ln in lines if ln.startswith("llcinfer generate")]) == 3
+    assert len(benches) == 8  # 3 models x 2 thread counts, plus Qwen2.5-0.5B d16384 at both
+    assert all("--vs llama.cpp" in ln and "perf/results/bench-T-" in ln for ln in benches)
+    assert ("llcinfer bench -m qwen2.5-coder-0.5b --threads 1 -p 0 -n 32 --depth 16384 -r 3 --vs llama.cpp "
+            "--alternate block --fill synthetic") in r.stdout
+    merge = next(ln for ln in lines if "bench_report.py" in ln)
+    assert merge.count("perf/results/bench-T-") == 8 and "--plot perf/results/bench-T.png" in merge
+    assert any(ln.startswith("python perf/kernel_asm.py --isa avx2") for ln in lines)
+    assert any(ln.startswith("python perf/overlap_ceiling.py") and "--kernels" in ln for ln in lines)

@@ -130,8 +130,25 @@ def matvec(mods, args) -> None:
                   f"new/old {med:.3f} (q1 {q1:.3f}, q3 {q3:.3f}; {args.reps} pairs)", flush=True)
 
 
+# The modules both trees are run through, by where they live in the package; the first
+# place that a tree has is taken (jit and repack moved out of kernels/ in the reorganisation,
+# so older revisions find them in the second place).
+MODULES = {"paged_attention": ("kernels.paged_attention",), "tables": ("kernels.tables",), "kv": ("kv",),
+           "repack": ("weights.repack", "kernels.repack"), "act_quant": ("kernels.act_quant",),
+           "simd": ("kernels.simd",), "jit": ("jit", "kernels.jit"), "vnni_matmul": ("kernels.vnni_matmul",)}
+
+
+def _module(package: str, places: tuple[str, ...]):
+    for i, place in enumerate(places):
+        try:
+            return importlib.import_module(f"{package}.{place}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{package}.{place}" or i == len(places) - 1:
+                raise
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kernel", choices=("attention", "matvec"))
     ap.add_argument("--old", default="HEAD", help="git revision or 'worktree'")
     ap.add_argument("--new", default="worktree", help="git revision or 'worktree'")
@@ -146,11 +163,7 @@ def main(argv=None) -> None:
     if min(args.ctx, args.reps, *args.threads) < 1 or args.evict_mb < 0:
         ap.error("--ctx, --reps and --threads must be at least 1, --evict-mb at least 0")
     prepare_trees({"old": args.old, "new": args.new})
-    mods = {}
-    for name in ("old", "new"):
-        mods[name] = {m: importlib.import_module(f"ab_{name}.{p}{m}") for p, m in
-                      (("kernels.", "paged_attention"), ("kernels.", "tables"), ("", "kv"), ("kernels.", "repack"),
-                       ("kernels.", "act_quant"), ("kernels.", "simd"), ("kernels.", "jit"), ("kernels.", "vnni_matmul"))}
+    mods = {name: {m: _module(f"ab_{name}", places) for m, places in MODULES.items()} for name in ("old", "new")}
     (attention if args.kernel == "attention" else matvec)(mods, args)
 
 

@@ -19,7 +19,7 @@ count is run twice, once per load order, and the geometric mean of the two is th
 
 A tree is a git revision (``git archive``) or ``worktree`` (the checkout as it is, edits
 included), copied to ``$LLCINFER_HOME/ab/ab_old`` and ``ab_new``: fixed paths, so numba's
-on-disk cache (keyed by the sources, see kernels/jit.py) is reused when a tree is run
+on-disk cache (keyed by the sources, see llcinfer/jit.py) is reused when a tree is run
 again; a tree seen for the first time compiles for minutes.
 """
 
@@ -108,7 +108,7 @@ def compare(benches: dict, depth: int, n: int, reps: int, pp: bool = False) -> d
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--old", default="HEAD", help="git revision or 'worktree'")
     ap.add_argument("--new", default="worktree", help="git revision or 'worktree'")

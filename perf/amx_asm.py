@@ -68,7 +68,7 @@ def detection() -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dump", default=None, help="write the kernel's whole disassembly here")
     args = ap.parse_args(argv)
     hw = object_code(emulate=False)

@@ -209,7 +209,7 @@ def _asm_in_child(isa: str) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS), help=f"of {', '.join(MODELS)} (prefixes work)")
     ap.add_argument("--ctx", nargs="*", type=int, default=[4096, 8192, 16384])
     ap.add_argument("--threads", nargs="*", type=int, default=[1, 2])

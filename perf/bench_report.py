@@ -17,7 +17,7 @@ from llcinfer.bench import report
 from llcinfer.bench.plot import plot_tpot
 
 
-@click.command()
+@click.command(help=__doc__.split("\n\n")[0])
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--plot", "plot_path", default=None, help="Write a TPOT-vs-depth PNG here.")
 @click.option("--json", "json_path", default=None, help="Write the merged JSON here.")

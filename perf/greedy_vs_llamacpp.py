@@ -49,7 +49,7 @@ def llama_cpp_greedy(binary: str, model: str, prompt: str, n: int, threads: int)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)

@@ -1,7 +1,7 @@
 """Weights on 2 MiB pages against the repack cache file's 4 KiB page-cache pages: one
 thread runs every repacked matrix of a model once (M = 1, the decode step's matmuls in
 order), from the file mapping and from an anonymous copy advised onto huge pages
-(llcinfer/hugepages.py), alternately (A B A B), medians.
+(llcinfer/weights/hugepages.py), alternately (A B A B), medians.
 
     python perf/hugepages_bench.py                       # the three catalog models
     python perf/hugepages_bench.py --models smollm2-135m --reps 9 --json out.json

@@ -62,7 +62,7 @@ def summarize(asm: str) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--isa", default="avx512vnni")
     ap.add_argument("--dump", default=None, help="write the full listing here")
     args = ap.parse_args(argv)

@@ -127,7 +127,7 @@ def make_call(qname, N, K, isa, M, rng):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", nargs="*", default=None)
     ap.add_argument("--isa", nargs="*", default=None, help="paths (default: all this CPU runs)")
     ap.add_argument("--threads", nargs="*", type=int, default=[1, 2])

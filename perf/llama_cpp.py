@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Provision llama.cpp builds for side-by-side comparisons with llcinfer (CLI wrapper).
+"""Provision llama.cpp builds for side-by-side comparisons with llcinfer.
 
 The logic lives in ``llcinfer.bench.llama_cpp`` (so that ``llcinfer bench`` can use it
 from an installed package); this file re-exports it and keeps the command line::
@@ -35,7 +35,9 @@ def _main(argv: list[str] | None = None) -> int:
 
     @click.group()
     def cli() -> None:
-        """Provision llama.cpp builds under $LLCINFER_HOME/llama.cpp/."""
+        """Provision llama.cpp builds for side-by-side comparisons with llcinfer.
+
+        They live under $LLCINFER_HOME/llama.cpp/ (perf/README.md, "llama.cpp builds")."""
 
     @cli.command("build")
     @click.option("--config", "config", type=click.Choice([*CONFIGS, "all"]), default="all", show_default=True)

@@ -86,7 +86,7 @@ def compare(fixture: str, model_path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-tokenize", default=None, help="path of llama.cpp's llama-tokenize binary")
     ap.add_argument("--only", choices=sorted(MODELS), help="regenerate one vocabulary only")
     ap.add_argument("--compare", action="store_true", help="check llcinfer's tokenizer against the result")

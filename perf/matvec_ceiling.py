@@ -63,7 +63,7 @@ def ceiling(qname: str, isa: str, n_small: int, reps: int, rng) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", nargs="+", default=["Q8_0", "Q5_0", "Q4_K", "Q6_K"])
     ap.add_argument("--isa", default="avx2")
     ap.add_argument("--threads", type=int, default=1)

@@ -148,7 +148,7 @@ def place_kernels(a, curve: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fmas", nargs="*", type=int, default=[0, 1, 2, 3, 4, 6],
                     help="r: 8 r FMAs per 64-byte line (0 = the sum alone)")
     ap.add_argument("--threads", nargs="*", type=int, default=[1])

@@ -55,7 +55,7 @@ def op_bytes(ex, ops: np.ndarray, o: int, kv_per_layer: float) -> float:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depth", type=int, default=0)

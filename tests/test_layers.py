@@ -112,3 +112,13 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, "import cycles: " + "; ".join(", ".join(c) for c in cycles)
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages setuptools installs: a room missing there would be
+    missing from a non-editable install."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"

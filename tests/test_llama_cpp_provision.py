@@ -271,13 +271,15 @@ def test_build_failure_names_log(home, tmp_path, monkeypatch):
 
 
 def test_build_copies_binaries_only_after_success(home, tmp_path, monkeypatch):
-    # A fake cmake: configure succeeds; build writes the three tools to <build>/bin.
+    # A fake cmake: configure succeeds; build writes every tool named after --target
+    # to <build>/bin.
     script = (
         "#!/bin/sh\n"
         'if [ "$1" = "--build" ]; then\n'
-        '  mkdir -p "$2/bin"\n'
-        "  for t in llama-bench llama-completion llama-tokenize; do\n"
-        '    printf "#!/bin/sh\\necho $t\\n" > "$2/bin/$t"; chmod +x "$2/bin/$t"\n'
+        '  out="$2/bin"; mkdir -p "$out"; on=0\n'
+        '  for t in "$@"; do\n'
+        '    if [ "$on" = 1 ]; then printf "#!/bin/sh\\necho $t\\n" > "$out/$t"; chmod +x "$out/$t"; fi\n'
+        '    [ "$t" = "--target" ] && on=1\n'
         "  done\n"
         "fi\n"
         "exit 0\n"
@@ -290,6 +292,8 @@ def test_build_copies_binaries_only_after_success(home, tmp_path, monkeypatch):
     assert lc.available_configs() == ["portable"]
     assert (lc.config_dir("portable") / "build-info.json").is_file()
     assert not list(out.glob(".*.tmp"))
+    for tool in ("llama-bench", "llama-batched-bench", "llama-speculative-simple"):
+        assert (out / tool).is_file()
 
 
 def test_cli_path_not_built(home):

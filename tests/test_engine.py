@@ -66,6 +66,27 @@ def test_greedy_matches_the_reference(tiny):
     assert got.token_ids == _greedy_reference(path, prompt, GREEDY.max_tokens)
 
 
+def test_logprobs_are_the_models_log_softmax(tiny):
+    """Each generated token's log-probability and top alternatives, against the oracle's
+    logits; greedy, so the top alternative is the token itself."""
+    path = tiny[0]
+    eng = _engine(tiny)
+    prompt = _prompt(3, 13)
+    got = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=3))[0]
+    ref = ReferenceModel(GGUFFile(path), llama_rounding=False)
+    ids = prompt + got.token_ids
+    assert len(got.logprobs) == len(got.top_logprobs) == 5
+    for i, token in enumerate(got.token_ids):
+        x = ref.logits(ids[: len(prompt) + i])[-1].astype(np.float64)
+        log_p = x - x.max() - np.log(np.exp(x - x.max()).sum())
+        assert got.logprobs[i] == pytest.approx(log_p[token], abs=2e-3)
+        assert [t for t, _ in got.top_logprobs[i]] == np.argsort(-log_p)[:3].tolist()
+        assert got.top_logprobs[i][0][0] == token
+    assert got.mean_logprob == pytest.approx(sum(got.logprobs) / 5)
+    plain = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    assert plain.logprobs is None and plain.token_ids == got.token_ids
+
+
 def test_chunked_prefill_lets_the_others_decode(tiny):
     """A 60-token prompt arriving while another request decodes takes 8 steps of 8 tokens;
     the decoding request gets a token in every one of them."""

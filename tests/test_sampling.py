@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llcinfer.errors import UsageError
-from llcinfer.engine.sampling import Sampler, SamplingParams, StopMatcher, _top_indices
+from llcinfer.engine.sampling import Sampler, SamplingParams, StopMatcher, _top_indices, token_logprobs
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
 
@@ -50,6 +50,9 @@ def logits_of(probs, vocab=None):
         (dict(stop=("ok", 3)), "stop"),
         (dict(stop=5), "stop"),
         (dict(ignore_eos="yes"), "ignore_eos"),
+        (dict(logprobs=-1), "logprobs must be in [0, 20]"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(logprobs="all"), "logprobs"),
     ],
 )
 def test_validation_errors(kwargs, name):
@@ -320,3 +323,18 @@ def test_overlapping_prefixes():
 def test_unicode_and_single_char_stop():
     assert run_stream(["。"], ["你好", "。再见"]) == ("你好", True)
     assert run_stream(["\n"], ["line one", "\nline two"]) == ("line one", True)
+
+
+# ---------------------------------------------------------------- log-probabilities
+
+@pytest.mark.parametrize("vocab, top_n", [(1, 0), (7, 3), (997, 5), (49157, 20)])
+def test_token_logprobs_match_log_softmax(vocab, top_n):
+    x = np.random.default_rng(vocab).normal(0, 4, vocab).astype(np.float32)
+    x[vocab // 2] = -np.inf if vocab > 1 else x[0]
+    ref = x.astype(np.float64) - np.log(np.exp(x.astype(np.float64) - x.max()).sum()) - x.max()
+    token = vocab - 1
+    lp, top = token_logprobs(x, token, top_n)
+    assert lp == pytest.approx(ref[token], abs=1e-4)
+    want = np.argsort(-ref, kind="stable")[: min(top_n, vocab)]
+    assert [t for t, _ in top] == want.tolist()
+    assert [v for _, v in top] == pytest.approx(ref[want].tolist(), abs=1e-4)

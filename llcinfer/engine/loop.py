@@ -24,7 +24,7 @@ from ..kv import DEFAULT_BLOCK_SIZE, PagedSequence
 from ..model.tokenizer import Tokenizer
 from .request import Completion, Request, RequestHandle, State
 from .runner import ModelRunner
-from .sampling import SamplingParams
+from .sampling import SamplingParams, token_logprobs
 from .scheduler import Batch, Scheduler
 from .transformer import Transformer
 
@@ -174,7 +174,7 @@ class Engine:
         token = req.sampler.sample(row, req.tokens)
         if token in req.eog:
             self._finish(req, "eos")
-        elif req.append(token, now):
+        elif req.append(token, now, None if p.logprobs is None else token_logprobs(row, token, p.logprobs)):
             self._finish(req, "stop")
         elif req.stats.n_generated >= p.max_tokens:
             self._finish(req, "length")

@@ -74,13 +74,24 @@ class GenerationStats:
 
 @dataclass
 class Completion:
-    """The outcome of one request."""
+    """The outcome of one request.  ``logprobs`` (one per generated token) and
+    ``top_logprobs`` (per token, the most likely (token, log-probability) pairs) are
+    filled when the request asked for them (``SamplingParams.logprobs``)."""
 
     text: str
     token_ids: list[int]
     stop_reason: str
     error: Exception | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+    @property
+    def mean_logprob(self) -> float | None:
+        """Mean log-probability of the generated tokens (None without logprobs or tokens)."""
+        if not self.logprobs:
+            return None
+        return sum(self.logprobs) / len(self.logprobs)
 
 
 class Request:
@@ -97,6 +108,9 @@ class Request:
         self.n_prompt = len(prompt)
         self.want_logits = want_logits  # keep the logits after the prompt (LLM.logits)
         self.logits: np.ndarray | None = None  # [vocab] f32, the last sampled-from logits when asked
+        # per generated token, when params.logprobs is set: its log-probability and the top N
+        self.logprobs: list[float] | None = None if params.logprobs is None else []
+        self.top_logprobs: list[list[tuple[int, float]]] | None = None if params.logprobs is None else []
         self.seq: PagedSequence | None = None
         self.n_computed = 0  # tokens whose K/V the sequence holds
         self.state = State.WAITING
@@ -132,7 +146,8 @@ class Request:
         return "".join(self._text)
 
     def completion(self) -> Completion:
-        return Completion(self.text, self.output_ids, self.stop_reason, self.error, self.stats)
+        return Completion(self.text, self.output_ids, self.stop_reason, self.error, self.stats,
+                          self.logprobs, self.top_logprobs)
 
     # ------------------------------------------------------------------ the loop's updates
     def mark_scheduled(self, now: float) -> None:
@@ -140,13 +155,17 @@ class Request:
             self._first_scheduled = now
             self.stats.queue_seconds = now - self.arrival
 
-    def append(self, token: int, now: float) -> bool:
-        """Record a sampled token and emit its text; True when a stop string completed."""
+    def append(self, token: int, now: float, logprob: tuple[float, list] | None = None) -> bool:
+        """Record a sampled token (with its log-probability and top alternatives when asked)
+        and emit its text; True when a stop string completed."""
         if self._first_token is None:
             self._first_token = now
             self.stats.prompt_seconds = now - (self._first_scheduled or self.arrival)
         else:
             self.stats.generation_seconds = now - self._first_token
+        if logprob is not None:
+            self.logprobs.append(logprob[0])
+            self.top_logprobs.append(logprob[1])
         self.tokens.append(token)
         self.stats.n_generated += 1
         text, stopped = self._stopper.push(self._decoder.push(token))

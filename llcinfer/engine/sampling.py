@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import UsageError
 
 _F32_MAX = float(np.finfo(np.float32).max)
+MAX_TOP_LOGPROBS = 20  # alternatives per token, OpenAI's limit
 _TOP_P_EPS = 1e-6  # cumulative-probability slack so p=0.8 over probs (0.5, 0.3, ...) keeps 2
 
 
@@ -56,6 +57,7 @@ class SamplingParams:
     max_tokens: int = 128
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; N >= 0: each token's log-probability and the top N
 
     def validate(self) -> "SamplingParams":
         """Return a copy with coerced types; raise UsageError naming the bad parameter."""
@@ -91,9 +93,13 @@ class SamplingParams:
                 raise UsageError(f"stop strings must be non-empty strings (got {s!r})")
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise UsageError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
+        logprobs = None if self.logprobs is None else _number("logprobs", self.logprobs, True)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise UsageError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {self.logprobs})")
         return replace(self, temperature=t, top_k=top_k, top_p=top_p, min_p=min_p,
                        repeat_penalty=pen, repeat_last_n=last_n, seed=seed,
-                       max_tokens=max_tokens, stop=stop, ignore_eos=bool(self.ignore_eos))
+                       max_tokens=max_tokens, stop=stop, ignore_eos=bool(self.ignore_eos),
+                       logprobs=logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -119,6 +125,27 @@ def _top_indices(x: np.ndarray, k: int) -> np.ndarray:
             part = np.argpartition(x[cand], cand.shape[0] - k)[cand.shape[0] - k:]
             return cand[part]
     return np.argpartition(x, n - k)[n - k:]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
+    """log softmax(logits)[token] and the ``top_n`` most likely (token, log-probability)
+    pairs, most likely first, under the model's distribution (before any sampling stage).
+
+    log p_i = x_i - (m + log sum_j exp(x_j - m)),  m = max_j x_j
+    """
+    x = np.asarray(logits, dtype=np.float32)
+    finite = np.where(np.isfinite(x), x, -np.inf)
+    m = float(finite.max())
+    if m == -np.inf:
+        return -math.inf, []
+    lse = m + math.log(float(np.exp(finite.astype(np.float64) - m).sum()))
+    top: list[tuple[int, float]] = []
+    if top_n > 0:
+        k = min(top_n, x.shape[0])
+        idx = _top_indices(finite, k) if k < x.shape[0] else np.arange(x.shape[0])
+        idx = idx[np.argsort(-finite[idx], kind="stable")]
+        top = [(int(i), float(finite[i]) - lse) for i in idx]
+    return float(finite[token]) - lse, top
 
 
 class Sampler:

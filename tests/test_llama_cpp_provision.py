@@ -165,7 +165,8 @@ def test_generator_tool(tmp_path):
     assert lc.generator_tool(_fake_source(tmp_path / "new")) == "llama-completion"
     assert lc.generator_tool(_fake_source(tmp_path / "old", completion=False)) == "llama-cli"
     assert lc.tools_for(tmp_path / "new") == ("llama-bench", "llama-completion", "llama-tokenize",
-                                              "llama-batched-bench", "llama-speculative-simple")
+                                              "llama-batched-bench", "llama-speculative-simple",
+                                              "llama-server")
 
 
 def test_find_source_env_override(home, tmp_path, monkeypatch):
@@ -292,7 +293,7 @@ def test_build_copies_binaries_only_after_success(home, tmp_path, monkeypatch):
     assert lc.available_configs() == ["portable"]
     assert (lc.config_dir("portable") / "build-info.json").is_file()
     assert not list(out.glob(".*.tmp"))
-    for tool in ("llama-bench", "llama-batched-bench", "llama-speculative-simple"):
+    for tool in ("llama-bench", "llama-batched-bench", "llama-speculative-simple", "llama-server"):
         assert (out / tool).is_file()
 
 

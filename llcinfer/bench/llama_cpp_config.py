@@ -25,8 +25,8 @@ SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 CONFIGS = ("native", "portable")
 #: tools built in every configuration; the text generator is resolved per source tree
 BASE_TOOLS = ("llama-bench", "llama-tokenize")
-#: built beside them for the other comparisons (batched decoding, speculative decoding)
-COMPARISON_TOOLS = ("llama-batched-bench", "llama-speculative-simple")
+#: built beside them for the other comparisons (batched and speculative decoding, serving)
+COMPARISON_TOOLS = ("llama-batched-bench", "llama-speculative-simple", "llama-server")
 
 #: options common to every configuration: offline, static, only what we need
 COMMON_CMAKE_OPTIONS: dict[str, str] = {
@@ -38,7 +38,7 @@ COMMON_CMAKE_OPTIONS: dict[str, str] = {
     "LLAMA_OPENSSL": "OFF",
     "LLAMA_BUILD_TESTS": "OFF",
     "LLAMA_BUILD_EXAMPLES": "ON",  # llama-speculative-simple (only the --target tools are built)
-    "LLAMA_BUILD_SERVER": "OFF",
+    "LLAMA_BUILD_SERVER": "ON",  # llama-server, for the serving load comparison
     "LLAMA_BUILD_APP": "OFF",
     "LLAMA_BUILD_TOOLS": "ON",
     "LLAMA_USE_PREBUILT_UI": "OFF",

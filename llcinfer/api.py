@@ -168,8 +168,19 @@ class LLM:
             self._last_stats = handle.stats
 
     def kv_stats(self) -> dict:
-        """The KV pool (committed / cached / reserved blocks) and prefix-sharing counters."""
-        d = self.engine.pool.stats()
+        """The KV pool (committed / cached / reserved blocks) and prefix-sharing counters.
+
+        ``in_use_blocks`` are held by live requests: the committed blocks less the cached
+        ones (indexed for prefix reuse, evictable) and ``retained_blocks``, those only the
+        last finished request's sequence holds (kept for its next turn, freed when the pool
+        needs them).  Safe to call while the engine thread runs; exact when it is idle."""
+        pool = self.engine.pool
+        d = pool.stats()
+        kept = self.engine.scheduler.retained
+        only_kept = 0 if kept is None else int(np.count_nonzero(pool.refcount[kept.table[:kept.n_blocks]] == 1))
+        d["capacity_blocks"] = pool.capacity_blocks
+        d["retained_blocks"] = only_kept
+        d["in_use_blocks"] = d["committed_blocks"] - d["cached_blocks"] - only_kept
         if self.engine.prefix is not None:
             d.update({f"prefix_{k}": v for k, v in vars(self.engine.prefix.stats).items()})
         d["preemptions"] = self.engine.scheduler.n_preemptions

@@ -12,6 +12,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llcinfer"
 # top to bottom; a room is a subpackage or a list of top-level modules
 LAYERS = [
     ["cli"],
+    ["serve"],
+    ["controllers"],
     ["bench"],
     ["api", "__init__"],
     ["engine"],

@@ -27,12 +27,14 @@ def _register():
     from .models import models
     from .bench import bench
     from .plan import plan
+    from .serve import serve
 
     cli.add_command(generate)
     cli.add_command(chat)
     cli.add_command(models)
     cli.add_command(bench)
     cli.add_command(plan)
+    cli.add_command(serve)
 
 
 def main(argv=None):

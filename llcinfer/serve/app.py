@@ -1,0 +1,212 @@
+"""The ASGI app: an OpenAI-compatible API on one ``LLM``'s step loop (Starlette).
+
+    POST /v1/chat/completions   POST /v1/completions   (stream or not)
+    GET  /v1/models             GET  /v1/models/{id}
+    GET  /health                GET  /metrics          (open even with an API key)
+
+Admission: the server holds at most ``parallel + max_queue`` sequences (a request with
+``n`` samples counts ``n``), ``parallel`` being the engine's concurrency; past that a
+request gets 429 with ``Retry-After``.  Each request has ``request_timeout_s`` from
+admission to its last token (queueing included); past it the request is cancelled and
+answered 408 (a stream: an error event).  A body over ``max_body_bytes`` gets 413.
+Every error is an OpenAI error object; an unexpected one is logged as one line and
+answered 500 without a traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..api import LLM
+from ..errors import ChatTemplateError, ContextLengthError, UsageError
+from .metrics import Metrics
+from .protocol import APIError, Generation, parse
+from .responses import Shape
+from .streaming import EventStream, Run, sse
+
+log = logging.getLogger("llcinfer.serve")
+
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_TIMEOUT_S = 600.0  # llama-server's default --timeout
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+class _Server:
+    """What the routes share: the model, the admission count, the metrics."""
+
+    def __init__(self, llm: LLM, model_name: str, api_key: str | None, max_queue: int, timeout_s: float | None,
+                 max_body_bytes: int):
+        self.llm, self.model_name, self.api_key = llm, model_name, api_key
+        self.parallel = llm.engine.scheduler.max_seqs
+        self.capacity = self.parallel + max_queue
+        self.timeout_s, self.max_body_bytes = timeout_s, max_body_bytes
+        self.in_flight = 0  # sequences admitted and not yet answered (the event loop is the only writer)
+        self.limiter = anyio.CapacityLimiter(self.capacity)  # a waiting worker thread per admitted request
+        self.metrics = Metrics(llm, lambda: self.in_flight)
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ checks
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def read_json(self, request: Request) -> dict:
+        limit = self.max_body_bytes
+        too_big = APIError(413, f"request body larger than {limit} bytes", code="request_too_large")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_big
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_big
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "request body must be a JSON object", code="invalid_json")
+        return data
+
+    # ------------------------------------------------------------------ generation
+    def submit(self, gen: Generation) -> list:
+        if self.in_flight + gen.n > self.capacity:
+            raise APIError(429, f"the server is full ({self.in_flight} sequences in flight, at most "
+                                f"{self.capacity}); retry shortly", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+        try:
+            if gen.n == 1:
+                handles = [self.llm.submit(gen.prompt, **gen.sampling)]
+            else:
+                handles = self.llm.submit_n(gen.prompt, gen.n, **gen.sampling)
+        except ContextLengthError as e:
+            raise APIError(400, str(e), param="messages" if gen.kind == "chat" else "prompt",
+                           code="context_length_exceeded") from None
+        except (UsageError, ChatTemplateError) as e:
+            raise APIError(400, str(e)) from None
+        self.in_flight += gen.n
+        return handles
+
+    async def generate(self, request: Request, kind: str, endpoint: str) -> Response:
+        try:
+            self.authorize(request)
+            gen = parse(kind, await self.read_json(request), self.model_name, self.parallel, self.llm.n_ctx)
+            handles = self.submit(gen)
+        except APIError as e:
+            self.metrics.finished(endpoint, "rejected" if e.status == 429 else "invalid", [])
+            raise
+
+        def on_close(run: Run) -> None:
+            self.in_flight -= len(run.handles)
+            self.metrics.finished(endpoint, run.outcome, [h.stats for h in run.handles])
+
+        run = Run(handles, self.timeout_s, self.limiter, on_close)
+        shape = Shape(kind, self.model_name, self.llm.tokenizer)
+        if gen.stream:
+            return EventStream(run, sse(run, gen, shape))
+        try:
+            done = await run.collect(request.receive)
+            run.outcome = "ok"
+            return JSONResponse(shape.response(done))
+        finally:
+            run.close()
+
+    # ------------------------------------------------------------------ the rest
+    def model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "llcinfer"}
+
+
+def _route(handler):
+    """An endpoint whose every failure is an OpenAI error object."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError as e:
+            return error_response(e)
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody reads it
+        except Exception as e:  # noqa: BLE001 - a bug answers 500 and a log line, not a traceback
+            log.error("%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e)
+            return error_response(APIError(500, "internal server error", type="server_error", code="internal_error"))
+
+    return run
+
+
+def create_app(llm: LLM, *, model_name: str | None = None, api_key: str | None = None,
+               max_queue: int = DEFAULT_MAX_QUEUE, request_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app serving ``llm`` (mount it, or run it with uvicorn).  Starts the LLM's
+    engine thread; closing the LLM is the caller's.
+
+    ``model_name``: the id clients name (default: the model file's stem, which for a
+    catalog model is its catalog name); ``api_key``: require ``Authorization: Bearer
+    KEY`` on /v1/; ``max_queue``: sequences that may wait beyond the engine's
+    concurrency before 429; ``request_timeout_s``: None or 0 for no limit."""
+    if not isinstance(max_queue, int) or max_queue < 0:
+        raise UsageError(f"max_queue must be a non-negative integer (got {max_queue!r})")
+    if request_timeout_s is not None and not request_timeout_s >= 0:
+        raise UsageError(f"request_timeout_s must be >= 0 (got {request_timeout_s!r})")
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise UsageError(f"max_body_bytes must be a positive integer (got {max_body_bytes!r})")
+    server = _Server(llm, model_name or llm.model_path.stem, api_key, max_queue, request_timeout_s or None,
+                     max_body_bytes)
+    llm.start()
+
+    async def chat(request: Request) -> Response:
+        return await server.generate(request, "chat", "chat")
+
+    async def completions(request: Request) -> Response:
+        return await server.generate(request, "text", "completions")
+
+    async def models(request: Request) -> Response:
+        server.authorize(request)
+        return JSONResponse({"object": "list", "data": [server.model_card()]})
+
+    async def model(request: Request) -> Response:
+        server.authorize(request)
+        if request.path_params["model"] != server.model_name:
+            raise APIError(404, f"The model '{request.path_params['model']}' does not exist",
+                           type="not_found_error", param="model", code="model_not_found")
+        return JSONResponse(server.model_card())
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = server.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                       type=kind, code=None))
+
+    routes = [
+        Route("/v1/chat/completions", _route(chat), methods=["POST"]),
+        Route("/v1/completions", _route(completions), methods=["POST"]),
+        Route("/v1/models", _route(models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _route(model), methods=["GET"]),
+        Route("/health", _route(health), methods=["GET"]),
+        Route("/metrics", _route(metrics), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

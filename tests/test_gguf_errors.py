@@ -1,25 +1,22 @@
-"""Bad model files and bad arguments: GGUFFile, LLM and the command line.
+"""Bad model files: GGUFFile, LLM and the command line.
 
 Each case asserts the exception type from ``llcinfer.errors`` and that the message names
-the problem; for the CLI, the exit code (1 runtime, 2 usage), exactly one ``error:`` line
-on stderr and no traceback.
+the problem; for the CLI, the exit code 1, exactly one ``error:`` line on stderr and no
+traceback.  Bad arguments: test_usage_errors.py.
 """
 
-import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as QT
 
-from llcinfer.model.catalog import DEFAULT_MODEL
-from llcinfer.errors import ContextLengthError, ModelFileError, UnsupportedModelError, UsageError
+from llcinfer.errors import ModelFileError, UnsupportedModelError
 from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.engine.transformer import Transformer
 
+from cli_run import assert_one_error_line, run_cli
 from tiny_models import isolated_runtime, random_weight, write_tiny_model
 
 
@@ -208,53 +205,10 @@ def test_vocab_larger_than_embedding_is_refused(files):
 
 
 def test_cli_vocab_larger_than_embedding(files):
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llcinfer.cli import main; main()", "generate", "-m", str(files["small_embd"]),
-         "-n", "2", "hello the world"], capture_output=True, text=True, timeout=300)
-    assert "Traceback" not in proc.stderr
-    assert_one_error_line(proc, 1, "200")
-
-
-def test_llm_bad_arguments(files):
-    from llcinfer import LLM
-
-    for threads in (0, -1, 1.5, "2"):
-        with pytest.raises(UsageError, match="threads"):
-            LLM(str(files["good"]), threads=threads)
-    for n_ctx in (0, -5):
-        with pytest.raises(UsageError, match="n_ctx"):
-            LLM(str(files["good"]), threads=1, n_ctx=n_ctx)
-    llm = LLM(str(files["good"]), threads=1, n_ctx=4)
-    with pytest.raises(ContextLengthError, match="context length 4"):
-        llm.generate("hello the world and more words", max_tokens=1)
-    with pytest.raises(UsageError, match="token ids"):
-        llm.logits([300])
-    with pytest.raises(UsageError):
-        llm.logits([])
-    with pytest.raises(UsageError, match="unknown sampling option"):
-        llm.generate("hi", temprature=0)
-    with pytest.raises(UsageError, match="top_p"):
-        llm.generate("hi", top_p=0)
+    assert_one_error_line(run_cli("generate", "-m", files["small_embd"], "-n", "2", "hello the world"), 1, "200")
 
 
 # ---------------------------------------------------------------------------- CLI
-def run_cli(*args, stdin=None):
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llcinfer.cli import main; main()", *map(str, args)],
-        capture_output=True, text=True, timeout=300, input=stdin, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
-    return proc
-
-
-def assert_one_error_line(proc, rc, *fragments):
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == rc, (proc.returncode, proc.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    for frag in fragments:
-        assert frag in lines[0], f"{frag!r} not in {lines[0]!r}"
-
-
 @pytest.mark.parametrize("name,fragment", [
     ("missing", "not found"), ("dir", "not a file"), ("random", "not a GGUF"), ("trunc_in_vocab", "truncated or corrupt"),
     ("mamba", "mamba"), ("q5_1", "Q5_1"),
@@ -263,39 +217,3 @@ def test_cli_bad_model_file(files, name, fragment):
     proc = run_cli("generate", "-m", files[name], "-n", "2", "hi")
     assert_one_error_line(proc, 1, fragment)
     assert proc.stdout == ""
-
-
-@pytest.mark.parametrize("args,fragment", [
-    (["--temp", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
-    (["-n", "-1"], "max_tokens"),
-    (["--min-p", "2"], "min_p"),
-    (["--temp", "abc"], "abc"),
-    (["--bogus-option"], "bogus"),
-])
-def test_cli_usage_errors(files, args, fragment):
-    proc = run_cli("generate", "-m", files["good"], *args, "hi")
-    assert_one_error_line(proc, 2, fragment)
-
-
-def test_cli_threads_zero(files):
-    assert_one_error_line(run_cli("generate", "-m", files["good"], "--threads", "0", "hi"), 2, "threads")
-
-
-def test_cli_unknown_catalog_name():
-    proc = run_cli("generate", "-m", "no-such-model-xyz", "hi")
-    assert_one_error_line(proc, 2, "no-such-model-xyz", DEFAULT_MODEL)
-
-
-def test_cli_prompt_over_context_length(files):
-    proc = run_cli("generate", "-m", files["good"], "-c", "4", "--temp", "0", "hello the world " * 8)
-    assert_one_error_line(proc, 1, "context length 4")
-
-
-def test_cli_generate_works_on_tiny_model(files):
-    """The error cases above are not an artefact of a CLI that always fails."""
-    proc = run_cli("generate", "-m", files["good"], "-n", "3", "--temp", "0", "--ignore-eos", "hello")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.endswith("\n")
-    assert "error" not in proc.stderr

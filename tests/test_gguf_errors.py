@@ -6,6 +6,7 @@ traceback.  Bad arguments: test_usage_errors.py.
 """
 
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -85,6 +86,8 @@ def files(tmp_path_factory):
     patched("version", 4, struct.pack("<I", 99))
     patched("tensor_type", type_off, struct.pack("<I", 1000))
     patched("tensor_offset", type_off + 4, struct.pack("<Q", 2**40))
+    key = "tokenizer.ggml.token_type"  # [u64 key length][key][u32 ARRAY][u32 INT32][u64 length]
+    patched("array_length", reader.fields[key].offset + 8 + len(key) + 8, struct.pack("<Q", 2**40 + 272))
 
     # valid files that llcinfer must refuse
     paths["mamba"] = write_tiny_model(root / "mamba.gguf", "llama", "Q8_0",
@@ -137,10 +140,15 @@ def test_truncated_file(files, cut):
 
 
 @pytest.mark.parametrize("field", ["key_length", "tensor_count", "kv_count", "version", "tensor_type",
-                                   "tensor_offset"])
+                                   "tensor_offset", "array_length"])
 def test_corrupt_header_fields(files, field):
-    with pytest.raises(ModelFileError, match="truncated or corrupt"):
+    t0 = time.perf_counter()
+    with pytest.raises(ModelFileError, match="truncated or corrupt") as exc:
         GGUFFile(files["corrupt_" + field])
+    assert time.perf_counter() - t0 < 2.0  # gguf alone loops once per remaining element on a bad array length
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
+    if field == "array_length":  # refused by the length check, before gguf reads 2^40 elements
+        assert f"{2**40 + 272} elements of INT32 need at least" in str(exc.value)
 
 
 def test_good_file_loads(files):

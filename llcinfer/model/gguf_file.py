@@ -1,8 +1,9 @@
 """Memory-mapped GGUF files: metadata as plain Python values, tensors as validated views.
 
 Parsing is ``gguf.GGUFReader``'s; this module adds the checks a runtime needs before any
-kernel touches the bytes (file present, magic, every tensor inside the file, sizes that
-agree with the tensor type) and turns failures into one-line ``ModelFileError``s.
+kernel touches the bytes (file present, magic, every header length inside the file
+(gguf_header.py), every tensor inside the file, sizes that agree with the tensor type) and
+turns failures into one-line ``ModelFileError``s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import paths
 from ..errors import ModelFileError, UnsupportedModelError
+from .gguf_header import check_header
 
 GGUF_MAGIC = b"GGUF"
 
@@ -77,7 +79,9 @@ def _index_cache_path(path: str, st: os.stat_result) -> str | None:
 
 
 def _read_index(path: str) -> tuple[dict, list[tuple[str, int, list[int], int]]]:
-    """Parse the header with gguf.GGUFReader: (metadata, [(name, type, ne, data offset)])."""
+    """Parse the header with gguf.GGUFReader, once its lengths check out (gguf_header.py):
+    (metadata, [(name, type, ne, data offset)])."""
+    check_header(path)
     try:
         reader = GGUFReader(path, "r")
     except Exception as exc:  # gguf raises ValueError/IndexError/... on short or corrupt files

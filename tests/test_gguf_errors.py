@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType as VT
 from gguf.constants import GGMLQuantizationType as QT
 
 from llcinfer.errors import ModelFileError, UnsupportedModelError
@@ -18,6 +18,7 @@ from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.engine.transformer import Transformer
 
 from cli_run import assert_one_error_line, run_cli
+from gguf_edit import GGUFMap
 from tiny_models import isolated_runtime, random_weight, write_tiny_model
 
 
@@ -47,6 +48,7 @@ def files(tmp_path_factory):
 
     # truncations at every part of the file
     reader = GGUFReader(good)
+    m = GGUFMap(data)
     fields = list(reader.fields.values())
     tensors = reader.tensors
     last_end = max(int(t.data_offset) + int(t.n_bytes) for t in tensors)
@@ -88,6 +90,17 @@ def files(tmp_path_factory):
     patched("tensor_offset", type_off + 4, struct.pack("<Q", 2**40))
     key = "tokenizer.ggml.token_type"  # [u64 key length][key][u32 ARRAY][u32 INT32][u64 length]
     patched("array_length", reader.fields[key].offset + 8 + len(key) + 8, struct.pack("<Q", 2**40 + 272))
+
+    edits = {  # the metadata checks, one case each
+        "tokens_not_strings": m.with_value("tokenizer.ggml.tokens", VT.ARRAY, [1, 2], VT.UINT32),
+        "token_type_9": m.with_value("tokenizer.ggml.token_type", VT.ARRAY, [1] * 271 + [9], VT.INT32),
+        "heads_per_layer_differ": m.with_value("llama.attention.head_count", VT.ARRAY, [4, 8], VT.UINT32),
+        "heads_per_layer_short": m.with_value("llama.attention.head_count", VT.ARRAY, [4], VT.UINT32),
+        "arch_not_a_string": m.with_value("general.architecture", VT.UINT32, 7),
+    }
+    for name, raw in edits.items():
+        paths["edit_" + name] = root / f"edit_{name}.gguf"
+        paths["edit_" + name].write_bytes(raw)
 
     # valid files that llcinfer must refuse
     paths["mamba"] = write_tiny_model(root / "mamba.gguf", "llama", "Q8_0",
@@ -149,6 +162,21 @@ def test_corrupt_header_fields(files, field):
     assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
     if field == "array_length":  # refused by the length check, before gguf reads 2^40 elements
         assert f"{2**40 + 272} elements of INT32 need at least" in str(exc.value)
+
+
+@pytest.mark.parametrize("name,fragments", [
+    ("tokens_not_strings", ["tokenizer.ggml.tokens = [1, 2] (2 elements) (an array of UINT32): expected an array of STRING"]),
+    ("token_type_9", ["tokenizer.ggml.token_type[271] = 9: expected token types 0 to 6"]),
+    ("heads_per_layer_differ", ["llama.attention.head_count: per-layer values differ ([4, 8])"]),
+    ("heads_per_layer_short", ["llama.attention.head_count = [4] (1 element): expected one value per layer (2 layers)"]),
+    ("arch_not_a_string", ["general.architecture = 7 (UINT32): expected a STRING scalar"]),
+])
+def test_refused_layouts_and_metadata(files, name, fragments):
+    with pytest.raises(ModelFileError) as exc:
+        GGUFFile(files["edit_" + name])
+    for frag in fragments:
+        assert frag in str(exc.value), str(exc.value)
+    assert "\n" not in str(exc.value)
 
 
 def test_good_file_loads(files):

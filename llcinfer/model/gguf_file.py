@@ -1,9 +1,10 @@
-"""Memory-mapped GGUF files: metadata as plain Python values, tensors as validated views.
+"""Memory-mapped GGUF files: checked metadata values, tensors as validated views.
 
 Parsing is ``gguf.GGUFReader``'s; this module adds the checks a runtime needs before any
 kernel touches the bytes (file present, magic, every header length inside the file
-(gguf_header.py), every tensor inside the file, sizes that agree with the tensor type) and
-turns failures into one-line ``ModelFileError``s.
+(gguf_header.py), every metadata key llcinfer reads of its type and range (metadata.py),
+every tensor inside the file, sizes that agree with the tensor type) and turns failures
+into one-line ``ModelFileError``s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from .. import paths
 from ..errors import ModelFileError, UnsupportedModelError
 from .gguf_header import check_header
+from .metadata import Metadata
 
 GGUF_MAGIC = b"GGUF"
 
@@ -68,7 +70,15 @@ def _field_value(field):
     return value
 
 
-INDEX_VERSION = 1
+def _field_types(field) -> tuple[GGUFValueType, ...]:
+    """(T,) for a scalar, (ARRAY, element type) for an array, empty ones included (the
+    reader lists no element type for those; it is the part after the value type)."""
+    if field.types and field.types[0] == GGUFValueType.ARRAY:
+        return GGUFValueType.ARRAY, GGUFValueType(int(field.parts[3][0]))
+    return tuple(field.types[:1])
+
+
+INDEX_VERSION = 2
 INDEX_MIN_FILE_SIZE = 16 << 20  # bytes; smaller files are parsed every time
 
 
@@ -78,28 +88,30 @@ def _index_cache_path(path: str, st: os.stat_result) -> str | None:
     return os.path.join(paths.gguf_index_dir(), key[:32] + ".pkl")
 
 
-def _read_index(path: str) -> tuple[dict, list[tuple[str, int, list[int], int]]]:
+def _read_index(path: str) -> dict:
     """Parse the header with gguf.GGUFReader, once its lengths check out (gguf_header.py):
-    (metadata, [(name, type, ne, data offset)])."""
+    metadata values and types, tensor records [(name, type, ne, data offset)]."""
     check_header(path)
     try:
         reader = GGUFReader(path, "r")
     except Exception as exc:  # gguf raises ValueError/IndexError/... on short or corrupt files
         raise ModelFileError(f"truncated or corrupt GGUF file {path}: {_short(exc)}") from None
     try:
-        metadata = {k: _field_value(f) for k, f in reader.fields.items()}
+        values = {k: _field_value(f) for k, f in reader.fields.items()}
+        types = {k: _field_types(f) for k, f in reader.fields.items()}
     except Exception as exc:
         raise ModelFileError(f"corrupt GGUF metadata in {path}: {_short(exc)}") from None
     tensors = [(t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in reader.tensors]
-    return metadata, tensors
+    return {"values": values, "types": types, "tensors": tensors}
 
 
-def _load_index(path: str) -> tuple[dict, list]:
+def _load_index(path: str) -> dict:
     """The header index, from the on-disk cache when this file was parsed before.
 
     GGUFReader builds one NumPy object per vocabulary string and takes seconds on a
     150k-token vocabulary; the cached index loads in tens of milliseconds.  Small files
-    parse quickly and are not cached (tests write many throwaway models).
+    parse quickly and are not cached (tests write many throwaway models).  The index is
+    what was parsed; GGUFFile checks it every time.
     """
     st = os.stat(path)
     if st.st_size < INDEX_MIN_FILE_SIZE:
@@ -136,10 +148,11 @@ class GGUFFile:
             magic = fh.read(4)
         if magic != GGUF_MAGIC:
             raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {self.path}")
-        self.metadata, records = _load_index(self.path)
+        index = _load_index(self.path)
+        self.metadata = Metadata(index["values"], index["types"], self.path)
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")  # [file_size] bytes
         self.tensors: dict[str, TensorInfo] = {}
-        for name, type_code, ne, offset in records:
+        for name, type_code, ne, offset in index["tensors"]:
             self.tensors[name] = self._validated(name, type_code, ne, offset)
 
     def _validated(self, name: str, type_code: int, ne: list[int], offset: int) -> TensorInfo:
@@ -171,13 +184,8 @@ class GGUFFile:
             data = raw.reshape(*shape[:-1], ne[0] // block * type_size)
         return TensorInfo(name, qtype, shape, data)
 
-    def get(self, key: str, default=None):
-        return self.metadata.get(key, default)
-
     def require(self, key: str):
-        if key not in self.metadata:
-            raise ModelFileError(f"GGUF metadata key missing: {key} ({self.path})")
-        return self.metadata[key]
+        return self.metadata.require(key)
 
     def tensor(self, name: str, required: bool = True) -> TensorInfo | None:
         t = self.tensors.get(name)

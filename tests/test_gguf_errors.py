@@ -91,7 +91,12 @@ def files(tmp_path_factory):
     key = "tokenizer.ggml.token_type"  # [u64 key length][key][u32 ARRAY][u32 INT32][u64 length]
     patched("array_length", reader.fields[key].offset + 8 + len(key) + 8, struct.pack("<Q", 2**40 + 272))
 
-    edits = {  # the metadata checks, one case each
+    edits = {  # the layout and metadata checks, one case each
+        "duplicate_name": m.with_tensor("blk.0.attn_k.weight", new_name="blk.0.attn_q.weight"),
+        "shape_too_small": m.with_tensor("blk.0.attn_k.weight", ne=[64, 16]),
+        "past_the_end": m.with_tensor("output_norm.weight", offset=len(data)),
+        "five_dims": m.with_tensor("blk.0.attn_k.weight", ne=[64, 32, 1, 1, 1]),
+        "long_name": m.with_tensor("blk.0.attn_k.weight", new_name="blk.0." + "x" * 60),
         "tokens_not_strings": m.with_value("tokenizer.ggml.tokens", VT.ARRAY, [1, 2], VT.UINT32),
         "token_type_9": m.with_value("tokenizer.ggml.token_type", VT.ARRAY, [1] * 271 + [9], VT.INT32),
         "heads_per_layer_differ": m.with_value("llama.attention.head_count", VT.ARRAY, [4, 8], VT.UINT32),
@@ -152,8 +157,8 @@ def test_truncated_file(files, cut):
     assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
 
 
-@pytest.mark.parametrize("field", ["key_length", "tensor_count", "kv_count", "version", "tensor_type",
-                                   "tensor_offset", "array_length"])
+@pytest.mark.parametrize("field", ["key_length", "tensor_count", "kv_count", "version", "tensor_offset",
+                                   "array_length"])
 def test_corrupt_header_fields(files, field):
     t0 = time.perf_counter()
     with pytest.raises(ModelFileError, match="truncated or corrupt") as exc:
@@ -165,6 +170,11 @@ def test_corrupt_header_fields(files, field):
 
 
 @pytest.mark.parametrize("name,fragments", [
+    ("duplicate_name", ["tensor blk.0.attn_q.weight: duplicate name"]),
+    ("shape_too_small", ["blk.0.attn_v.weight starts 1088 bytes after tensor blk.0.attn_k.weight ends"]),
+    ("past_the_end", ["tensor output_norm.weight needs bytes up to"]),
+    ("five_dims", ["5 dimensions (at most 4)"]),
+    ("long_name", ["name of 66 bytes (GGML allows 63)"]),
     ("tokens_not_strings", ["tokenizer.ggml.tokens = [1, 2] (2 elements) (an array of UINT32): expected an array of STRING"]),
     ("token_type_9", ["tokenizer.ggml.token_type[271] = 9: expected token types 0 to 6"]),
     ("heads_per_layer_differ", ["llama.attention.head_count: per-layer values differ ([4, 8])"]),
@@ -177,6 +187,11 @@ def test_refused_layouts_and_metadata(files, name, fragments):
     for frag in fragments:
         assert frag in str(exc.value), str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+def test_unknown_tensor_type_names_the_tensor(files):
+    with pytest.raises(UnsupportedModelError, match="tensor blk.0.attn_k.weight: unknown tensor type 1000"):
+        GGUFFile(files["corrupt_tensor_type"])
 
 
 def test_good_file_loads(files):

@@ -1,15 +1,15 @@
 """Memory-mapped GGUF files: checked metadata values, tensors as validated views.
 
 Parsing is ``gguf.GGUFReader``'s; this module adds the checks a runtime needs before any
-kernel touches the bytes (file present, magic, every header length inside the file
-(gguf_header.py), every metadata key llcinfer reads of its type and range (metadata.py),
-every tensor inside the file, sizes that agree with the tensor type) and turns failures
-into one-line ``ModelFileError``s.
+kernel touches the bytes and turns failures into one-line ``ModelFileError``s: file present
+and a GGUF (magic), every header length inside the file (gguf_header.py), every metadata key
+llcinfer reads of its type and range (metadata.py), every tensor in its place (tensor_layout.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from gguf import quants as gguf_quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 from .. import paths
 from ..errors import ModelFileError, UnsupportedModelError
 from .gguf_header import check_header
 from .metadata import Metadata
+from .tensor_layout import Placed, check_layout
 
 GGUF_MAGIC = b"GGUF"
 
@@ -78,7 +79,15 @@ def _field_types(field) -> tuple[GGUFValueType, ...]:
     return tuple(field.types[:1])
 
 
-INDEX_VERSION = 2
+class _Reader(GGUFReader):
+    """``gguf.GGUFReader`` without its tensor views: ``_build_tensors`` only keeps the
+    tensor info fields, which tensor_layout.py checks before anything is mapped."""
+
+    def _build_tensors(self, start_offs: int, fields) -> None:
+        self.tensor_fields = fields
+
+
+INDEX_VERSION = 3
 INDEX_MIN_FILE_SIZE = 16 << 20  # bytes; smaller files are parsed every time
 
 
@@ -90,19 +99,24 @@ def _index_cache_path(path: str, st: os.stat_result) -> str | None:
 
 def _read_index(path: str) -> dict:
     """Parse the header with gguf.GGUFReader, once its lengths check out (gguf_header.py):
-    metadata values and types, tensor records [(name, type, ne, data offset)]."""
+    metadata values and types, tensor records [(name, type, ne, offset in the data
+    section)], the data section's offset in the file and the alignment."""
     check_header(path)
     try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError/IndexError/... on short or corrupt files
+        reader = _Reader(path, "r")
+    except Exception as exc:  # gguf raises ValueError/KeyError/... on corrupt files
         raise ModelFileError(f"truncated or corrupt GGUF file {path}: {_short(exc)}") from None
     try:
         values = {k: _field_value(f) for k, f in reader.fields.items()}
         types = {k: _field_types(f) for k, f in reader.fields.items()}
     except Exception as exc:
         raise ModelFileError(f"corrupt GGUF metadata in {path}: {_short(exc)}") from None
-    tensors = [(t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in reader.tensors]
-    return {"values": values, "types": types, "tensors": tensors}
+    tensors = []
+    for f in reader.tensor_fields:  # data: name, dims, type, offset
+        dims, qtype, offset = (f.parts[i] for i in f.data[1:4])
+        tensors.append((f.name, int(qtype[0]), [int(x) for x in dims], int(offset[0])))
+    return {"values": values, "types": types, "tensors": tensors, "data_start": int(reader.data_offset),
+            "alignment": int(reader.alignment)}
 
 
 def _load_index(path: str) -> dict:
@@ -150,39 +164,20 @@ class GGUFFile:
             raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {self.path}")
         index = _load_index(self.path)
         self.metadata = Metadata(index["values"], index["types"], self.path)
+        placed = check_layout(index["tensors"], index["data_start"], index["alignment"], self.file_size, self.path)
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")  # [file_size] bytes
-        self.tensors: dict[str, TensorInfo] = {}
-        for name, type_code, ne, offset in index["tensors"]:
-            self.tensors[name] = self._validated(name, type_code, ne, offset)
+        self.tensors: dict[str, TensorInfo] = {t.name: self._view(t) for t in placed}
 
-    def _validated(self, name: str, type_code: int, ne: list[int], offset: int) -> TensorInfo:
-        try:
-            qtype = GGMLQuantizationType(type_code)
-        except ValueError:
-            raise UnsupportedModelError(f"tensor {name}: unknown tensor type {type_code}") from None
-        if qtype not in GGML_QUANT_SIZES:
-            raise UnsupportedModelError(f"tensor {name}: unknown tensor type {type_code}")
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        # ne is GGUF order: ne[0] is the contiguous dimension
-        if not ne or any(x <= 0 for x in ne):
-            raise ModelFileError(f"tensor {name}: invalid shape {ne}")
-        if ne[0] % block:
-            raise ModelFileError(f"tensor {name}: row length {ne[0]} is not a multiple of {qtype.name} block {block}")
-        n_bytes = int(np.prod(ne, dtype=np.int64)) // block * type_size
-        if offset < 0 or offset + n_bytes > self.file_size:
-            raise ModelFileError(
-                f"truncated or corrupt GGUF file {self.path}: tensor {name} needs bytes up to "
-                f"{offset + n_bytes}, file has {self.file_size}"
-            )
-        shape = tuple(reversed(ne))  # NumPy order
-        raw = self._map[offset:offset + n_bytes]
-        if qtype == GGMLQuantizationType.F32:
+    def _view(self, t: Placed) -> TensorInfo:
+        shape = tuple(reversed(t.ne))  # NumPy order
+        raw = self._map[t.offset:t.end]
+        if t.qtype == GGMLQuantizationType.F32:
             data = raw.view(np.float32).reshape(shape)
-        elif qtype == GGMLQuantizationType.F16:
+        elif t.qtype == GGMLQuantizationType.F16:
             data = raw.view(np.float16).reshape(shape)
         else:  # block types (BF16 too): [..., bytes per row]
-            data = raw.reshape(*shape[:-1], ne[0] // block * type_size)
-        return TensorInfo(name, qtype, shape, data)
+            data = raw.reshape(*shape[:-1], t.n_bytes // math.prod(shape[:-1]))
+        return TensorInfo(t.name, t.qtype, shape, data)
 
     def require(self, key: str):
         return self.metadata.require(key)

@@ -92,8 +92,11 @@ INDEX_MIN_FILE_SIZE = 16 << 20  # bytes; smaller files are parsed every time
 
 
 def _index_cache_path(path: str, st: os.stat_result) -> str | None:
-    """Where the parsed header of this exact file (path, size, mtime) is kept."""
-    key = hashlib.sha256(f"{INDEX_VERSION}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    """Where the parsed header of this exact file (path, inode, size, mtime, ctime) is kept;
+    any write to the file changes its ctime, even one that puts the size and mtime back."""
+    ident = (f"{INDEX_VERSION}|{os.path.realpath(path)}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|"
+             f"{st.st_ctime_ns}")
+    key = hashlib.sha256(ident.encode()).hexdigest()
     return os.path.join(paths.gguf_index_dir(), key[:32] + ".pkl")
 
 

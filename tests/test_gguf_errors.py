@@ -2,9 +2,10 @@
 
 Each case asserts the exception type from ``llcinfer.errors`` and that the message names
 the problem; for the CLI, the exit code 1, exactly one ``error:`` line on stderr and no
-traceback.  Bad arguments: test_usage_errors.py.
+traceback.  Bad arguments: test_usage_errors.py; seeded mutations: test_gguf_fuzz.py.
 """
 
+import math
 import struct
 import time
 
@@ -20,6 +21,29 @@ from llcinfer.engine.transformer import Transformer
 from cli_run import assert_one_error_line, run_cli
 from gguf_edit import GGUFMap
 from tiny_models import isolated_runtime, random_weight, write_tiny_model
+
+# Issue 28, "Model files that lie": each was accepted (or a traceback); now one error line.
+LIES = {
+    "freq_base_empty_u32_array": (lambda m: m.with_value("llama.rope.freq_base", VT.ARRAY, [], VT.UINT32),
+                                  ["llama.rope.freq_base = []", "an array of UINT32", "FLOAT32/FLOAT64 scalar"]),
+    "rms_eps_empty_u32_array": (lambda m: m.with_value("llama.attention.layer_norm_rms_epsilon", VT.ARRAY, [],
+                                                       VT.UINT32),
+                                ["llama.attention.layer_norm_rms_epsilon = []", "FLOAT32/FLOAT64 scalar"]),
+    "offset_onto_another_tensor": (lambda m: m.with_tensor("blk.0.attn_k.weight",
+                                                           offset=m.tensor_offset["blk.0.attn_q.weight"]),
+                                   ["tensor blk.0.attn_k.weight", "overlaps tensor blk.0.attn_q.weight"]),
+    "offset_off_alignment_by_3": (lambda m: m.with_tensor("blk.0.attn_k.weight",
+                                                          offset=m.tensor_offset["blk.0.attn_k.weight"] + 3),
+                                  ["tensor blk.0.attn_k.weight", "is not a multiple of 32", "general.alignment"]),
+    "rms_eps_inf": (lambda m: m.with_value("llama.attention.layer_norm_rms_epsilon", VT.FLOAT32, math.inf),
+                    ["llama.attention.layer_norm_rms_epsilon = inf", "finite epsilon in (0, 1)"]),
+    "freq_base_minus_1": (lambda m: m.with_value("llama.rope.freq_base", VT.FLOAT32, -1.0),
+                          ["llama.rope.freq_base = -1", "finite RoPE base in (1, 1e+12]"]),
+    "freq_base_1e38": (lambda m: m.with_value("llama.rope.freq_base", VT.FLOAT32, 1e38),
+                       ["llama.rope.freq_base = 1e+38", "finite RoPE base"]),
+    "context_length_2_40": (lambda m: m.with_value("llama.context_length", VT.UINT64, 2**40),
+                            ["llama.context_length = 1099511627776", "1 to 16777216 tokens"]),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -91,6 +115,9 @@ def files(tmp_path_factory):
     key = "tokenizer.ggml.token_type"  # [u64 key length][key][u32 ARRAY][u32 INT32][u64 length]
     patched("array_length", reader.fields[key].offset + 8 + len(key) + 8, struct.pack("<Q", 2**40 + 272))
 
+    for name, (edit, _) in LIES.items():
+        paths["lie_" + name] = root / f"lie_{name}.gguf"
+        paths["lie_" + name].write_bytes(edit(m))
     edits = {  # the layout and metadata checks, one case each
         "duplicate_name": m.with_tensor("blk.0.attn_k.weight", new_name="blk.0.attn_q.weight"),
         "shape_too_small": m.with_tensor("blk.0.attn_k.weight", ne=[64, 16]),
@@ -267,4 +294,14 @@ def test_cli_vocab_larger_than_embedding(files):
 def test_cli_bad_model_file(files, name, fragment):
     proc = run_cli("generate", "-m", files[name], "-n", "2", "hi")
     assert_one_error_line(proc, 1, fragment)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("name", list(LIES))
+def test_cli_files_that_lie(files, name):
+    """Issue 28's cases: ``llcinfer generate -m FILE -n 4 hi`` prints one error line, exit 1."""
+    with pytest.raises(ModelFileError):
+        GGUFFile(files["lie_" + name])
+    proc = run_cli("generate", "-m", files["lie_" + name], "-n", "4", "hi")
+    assert_one_error_line(proc, 1, *LIES[name][1])
     assert proc.stdout == ""

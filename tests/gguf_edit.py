@@ -15,11 +15,13 @@ section keeps its bytes and every tensor offset (relative to it) still means wha
 
 from __future__ import annotations
 
+import math
 import struct
 import tempfile
 from dataclasses import dataclass
 
 from gguf import GGUFReader, GGUFValueType as VT
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 _PACK = {VT.UINT8: "B", VT.INT8: "b", VT.UINT16: "H", VT.INT16: "h", VT.UINT32: "I", VT.INT32: "i",
          VT.FLOAT32: "f", VT.UINT64: "Q", VT.INT64: "q", VT.FLOAT64: "d", VT.BOOL: "?"}
@@ -62,6 +64,8 @@ class GGUFMap:
             self.data_start = int(r.data_offset)
             fields = [f for k, f in r.fields.items() if not k.startswith("GGUF.")]
             self.kv = {f.name: Span(f.offset, f.offset + sum(int(p.nbytes) for p in f.parts)) for f in fields}
+            self.kv_types = {f.name: list(f.types) for f in fields}
+            self.values = {f.name: f.contents() for f in fields}
             self.tensors = {t.name: Span(t.field.offset, t.field.offset + sum(int(p.nbytes) for p in t.field.parts))
                             for t in r.tensors}
             self.tensor_ne = {t.name: [int(x) for x in t.shape] for t in r.tensors}
@@ -70,6 +74,11 @@ class GGUFMap:
         self.kv_start = min(s.start for s in self.kv.values())
         self.infos_start = min(s.start for s in self.tensors.values())
         self.infos_end = max(s.end for s in self.tensors.values())
+
+    def n_bytes(self, name: str) -> int:
+        """The data bytes of tensor ``name`` (its shape and type, unpadded)."""
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(self.tensor_type[name])]
+        return math.prod(self.tensor_ne[name]) // block * type_size
 
     # ------------------------------------------------------------------ edits
     def splice(self, start: int, end: int, raw: bytes, kv_delta: int = 0) -> bytes:

@@ -25,7 +25,7 @@ from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
 from .engine.transformer import Transformer
-from .errors import ChatTemplateError, ModelFileError, UsageError
+from .errors import ChatTemplateError, UsageError
 from .jit import set_threads
 from .kv import KV_TYPES
 from .model import catalog
@@ -80,12 +80,7 @@ class LLM:
         self.gguf = GGUFFile(self.model_path)
         self.model = Transformer(self.gguf, llama_rounding=numerics == "llama.cpp")
         self.config = self.model.config
-        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        if self.tokenizer.vocab_size != self.config.vocab_size:
-            raise ModelFileError(
-                f"{self.model_path.name}: the vocabulary has {self.tokenizer.vocab_size} tokens but "
-                f"token_embd.weight has {self.config.vocab_size} rows"
-            )
+        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)  # as long as the embedding (read_config)
         self.chat_template = ChatTemplate.from_metadata(self.gguf.metadata, self.tokenizer)
         if n_ctx is None:
             n_ctx = self.config.n_ctx_train

@@ -123,9 +123,21 @@ def test_raise_exception_and_runtime_errors():
     assert tpl.render([{"role": "user", "content": "x"}]) == "ok"
     with pytest.raises(ChatTemplateError, match="first must be user"):
         tpl.render(CONVERSATION)
+    with pytest.raises(ChatTemplateError, match="^chat template error: first line$"):  # one line of it
+        ChatTemplate("{{ raise_exception('first line\\nsecond line') }}").render(CONVERSATION)
     with pytest.raises(ChatTemplateError):  # the immutable sandbox refuses mutation
         ChatTemplate("{{ messages.append(1) }}").render(CONVERSATION)
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ 1 / 0 }}").render(CONVERSATION)
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ messages[5].content }}").render(CONVERSATION)
+
+
+@pytest.mark.parametrize("source", [
+    "{% for i in range(10**9) %}x{% endfor %}",  # the sandbox's range limit: OverflowError
+    "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",  # RecursionError
+])
+def test_templates_that_overflow_or_recurse(source):
+    with pytest.raises(ChatTemplateError, match="failed to render: (OverflowError|RecursionError)") as info:
+        ChatTemplate(source).render(CONVERSATION)
+    assert "\n" not in str(info.value)

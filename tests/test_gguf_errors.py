@@ -1,26 +1,49 @@
-"""Bad model files and bad arguments: GGUFFile, LLM and the command line.
+"""Bad model files: GGUFFile, LLM and the command line.
 
 Each case asserts the exception type from ``llcinfer.errors`` and that the message names
-the problem; for the CLI, the exit code (1 runtime, 2 usage), exactly one ``error:`` line
-on stderr and no traceback.
+the problem; for the CLI, the exit code 1, exactly one ``error:`` line on stderr and no
+traceback.  Bad arguments: test_usage_errors.py; seeded mutations: test_gguf_fuzz.py.
 """
 
-import os
+import math
 import struct
-import subprocess
-import sys
+import time
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType as VT
 from gguf.constants import GGMLQuantizationType as QT
 
-from llcinfer.model.catalog import DEFAULT_MODEL
-from llcinfer.errors import ContextLengthError, ModelFileError, UnsupportedModelError, UsageError
+from llcinfer.errors import ModelFileError, UnsupportedModelError
 from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.engine.transformer import Transformer
 
+from cli_run import assert_one_error_line, run_cli
+from gguf_edit import GGUFMap
 from tiny_models import isolated_runtime, random_weight, write_tiny_model
+
+# Issue 28, "Model files that lie": each was accepted (or a traceback); now one error line.
+LIES = {
+    "freq_base_empty_u32_array": (lambda m: m.with_value("llama.rope.freq_base", VT.ARRAY, [], VT.UINT32),
+                                  ["llama.rope.freq_base = []", "an array of UINT32", "FLOAT32/FLOAT64 scalar"]),
+    "rms_eps_empty_u32_array": (lambda m: m.with_value("llama.attention.layer_norm_rms_epsilon", VT.ARRAY, [],
+                                                       VT.UINT32),
+                                ["llama.attention.layer_norm_rms_epsilon = []", "FLOAT32/FLOAT64 scalar"]),
+    "offset_onto_another_tensor": (lambda m: m.with_tensor("blk.0.attn_k.weight",
+                                                           offset=m.tensor_offset["blk.0.attn_q.weight"]),
+                                   ["tensor blk.0.attn_k.weight", "overlaps tensor blk.0.attn_q.weight"]),
+    "offset_off_alignment_by_3": (lambda m: m.with_tensor("blk.0.attn_k.weight",
+                                                          offset=m.tensor_offset["blk.0.attn_k.weight"] + 3),
+                                  ["tensor blk.0.attn_k.weight", "is not a multiple of 32", "general.alignment"]),
+    "rms_eps_inf": (lambda m: m.with_value("llama.attention.layer_norm_rms_epsilon", VT.FLOAT32, math.inf),
+                    ["llama.attention.layer_norm_rms_epsilon = inf", "finite epsilon in (0, 1)"]),
+    "freq_base_minus_1": (lambda m: m.with_value("llama.rope.freq_base", VT.FLOAT32, -1.0),
+                          ["llama.rope.freq_base = -1", "finite RoPE base in (1, 1e+12]"]),
+    "freq_base_1e38": (lambda m: m.with_value("llama.rope.freq_base", VT.FLOAT32, 1e38),
+                       ["llama.rope.freq_base = 1e+38", "finite RoPE base"]),
+    "context_length_2_40": (lambda m: m.with_value("llama.context_length", VT.UINT64, 2**40),
+                            ["llama.context_length = 1099511627776", "1 to 16777216 tokens"]),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,6 +72,7 @@ def files(tmp_path_factory):
 
     # truncations at every part of the file
     reader = GGUFReader(good)
+    m = GGUFMap(data)
     fields = list(reader.fields.values())
     tensors = reader.tensors
     last_end = max(int(t.data_offset) + int(t.n_bytes) for t in tensors)
@@ -88,6 +112,27 @@ def files(tmp_path_factory):
     patched("version", 4, struct.pack("<I", 99))
     patched("tensor_type", type_off, struct.pack("<I", 1000))
     patched("tensor_offset", type_off + 4, struct.pack("<Q", 2**40))
+    key = "tokenizer.ggml.token_type"  # [u64 key length][key][u32 ARRAY][u32 INT32][u64 length]
+    patched("array_length", reader.fields[key].offset + 8 + len(key) + 8, struct.pack("<Q", 2**40 + 272))
+
+    for name, (edit, _) in LIES.items():
+        paths["lie_" + name] = root / f"lie_{name}.gguf"
+        paths["lie_" + name].write_bytes(edit(m))
+    edits = {  # the layout and metadata checks, one case each
+        "duplicate_name": m.with_tensor("blk.0.attn_k.weight", new_name="blk.0.attn_q.weight"),
+        "shape_too_small": m.with_tensor("blk.0.attn_k.weight", ne=[64, 16]),
+        "past_the_end": m.with_tensor("output_norm.weight", offset=len(data)),
+        "five_dims": m.with_tensor("blk.0.attn_k.weight", ne=[64, 32, 1, 1, 1]),
+        "long_name": m.with_tensor("blk.0.attn_k.weight", new_name="blk.0." + "x" * 60),
+        "tokens_not_strings": m.with_value("tokenizer.ggml.tokens", VT.ARRAY, [1, 2], VT.UINT32),
+        "token_type_9": m.with_value("tokenizer.ggml.token_type", VT.ARRAY, [1] * 271 + [9], VT.INT32),
+        "heads_per_layer_differ": m.with_value("llama.attention.head_count", VT.ARRAY, [4, 8], VT.UINT32),
+        "heads_per_layer_short": m.with_value("llama.attention.head_count", VT.ARRAY, [4], VT.UINT32),
+        "arch_not_a_string": m.with_value("general.architecture", VT.UINT32, 7),
+    }
+    for name, raw in edits.items():
+        paths["edit_" + name] = root / f"edit_{name}.gguf"
+        paths["edit_" + name].write_bytes(raw)
 
     # valid files that llcinfer must refuse
     paths["mamba"] = write_tiny_model(root / "mamba.gguf", "llama", "Q8_0",
@@ -139,11 +184,41 @@ def test_truncated_file(files, cut):
     assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
 
 
-@pytest.mark.parametrize("field", ["key_length", "tensor_count", "kv_count", "version", "tensor_type",
-                                   "tensor_offset"])
+@pytest.mark.parametrize("field", ["key_length", "tensor_count", "kv_count", "version", "tensor_offset",
+                                   "array_length"])
 def test_corrupt_header_fields(files, field):
-    with pytest.raises(ModelFileError, match="truncated or corrupt"):
+    t0 = time.perf_counter()
+    with pytest.raises(ModelFileError, match="truncated or corrupt") as exc:
         GGUFFile(files["corrupt_" + field])
+    assert time.perf_counter() - t0 < 2.0  # gguf alone loops once per remaining element on a bad array length
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
+    if field == "array_length":  # refused by the length check, before gguf reads 2^40 elements
+        assert f"{2**40 + 272} elements of INT32 need at least" in str(exc.value)
+
+
+@pytest.mark.parametrize("name,fragments", [
+    ("duplicate_name", ["tensor blk.0.attn_q.weight: duplicate name"]),
+    ("shape_too_small", ["blk.0.attn_v.weight starts 1088 bytes after tensor blk.0.attn_k.weight ends"]),
+    ("past_the_end", ["tensor output_norm.weight needs bytes up to"]),
+    ("five_dims", ["5 dimensions (at most 4)"]),
+    ("long_name", ["name of 66 bytes (GGML allows 63)"]),
+    ("tokens_not_strings", ["tokenizer.ggml.tokens = [1, 2] (2 elements) (an array of UINT32): expected an array of STRING"]),
+    ("token_type_9", ["tokenizer.ggml.token_type[271] = 9: expected token types 0 to 6"]),
+    ("heads_per_layer_differ", ["llama.attention.head_count: per-layer values differ ([4, 8])"]),
+    ("heads_per_layer_short", ["llama.attention.head_count = [4] (1 element): expected one value per layer (2 layers)"]),
+    ("arch_not_a_string", ["general.architecture = 7 (UINT32): expected a STRING scalar"]),
+])
+def test_refused_layouts_and_metadata(files, name, fragments):
+    with pytest.raises(ModelFileError) as exc:
+        GGUFFile(files["edit_" + name])
+    for frag in fragments:
+        assert frag in str(exc.value), str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_unknown_tensor_type_names_the_tensor(files):
+    with pytest.raises(UnsupportedModelError, match="tensor blk.0.attn_k.weight: unknown tensor type 1000"):
+        GGUFFile(files["corrupt_tensor_type"])
 
 
 def test_good_file_loads(files):
@@ -208,53 +283,10 @@ def test_vocab_larger_than_embedding_is_refused(files):
 
 
 def test_cli_vocab_larger_than_embedding(files):
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llcinfer.cli import main; main()", "generate", "-m", str(files["small_embd"]),
-         "-n", "2", "hello the world"], capture_output=True, text=True, timeout=300)
-    assert "Traceback" not in proc.stderr
-    assert_one_error_line(proc, 1, "200")
-
-
-def test_llm_bad_arguments(files):
-    from llcinfer import LLM
-
-    for threads in (0, -1, 1.5, "2"):
-        with pytest.raises(UsageError, match="threads"):
-            LLM(str(files["good"]), threads=threads)
-    for n_ctx in (0, -5):
-        with pytest.raises(UsageError, match="n_ctx"):
-            LLM(str(files["good"]), threads=1, n_ctx=n_ctx)
-    llm = LLM(str(files["good"]), threads=1, n_ctx=4)
-    with pytest.raises(ContextLengthError, match="context length 4"):
-        llm.generate("hello the world and more words", max_tokens=1)
-    with pytest.raises(UsageError, match="token ids"):
-        llm.logits([300])
-    with pytest.raises(UsageError):
-        llm.logits([])
-    with pytest.raises(UsageError, match="unknown sampling option"):
-        llm.generate("hi", temprature=0)
-    with pytest.raises(UsageError, match="top_p"):
-        llm.generate("hi", top_p=0)
+    assert_one_error_line(run_cli("generate", "-m", files["small_embd"], "-n", "2", "hello the world"), 1, "200")
 
 
 # ---------------------------------------------------------------------------- CLI
-def run_cli(*args, stdin=None):
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llcinfer.cli import main; main()", *map(str, args)],
-        capture_output=True, text=True, timeout=300, input=stdin, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
-    return proc
-
-
-def assert_one_error_line(proc, rc, *fragments):
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == rc, (proc.returncode, proc.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    for frag in fragments:
-        assert frag in lines[0], f"{frag!r} not in {lines[0]!r}"
-
-
 @pytest.mark.parametrize("name,fragment", [
     ("missing", "not found"), ("dir", "not a file"), ("random", "not a GGUF"), ("trunc_in_vocab", "truncated or corrupt"),
     ("mamba", "mamba"), ("q5_1", "Q5_1"),
@@ -265,37 +297,11 @@ def test_cli_bad_model_file(files, name, fragment):
     assert proc.stdout == ""
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--temp", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
-    (["-n", "-1"], "max_tokens"),
-    (["--min-p", "2"], "min_p"),
-    (["--temp", "abc"], "abc"),
-    (["--bogus-option"], "bogus"),
-])
-def test_cli_usage_errors(files, args, fragment):
-    proc = run_cli("generate", "-m", files["good"], *args, "hi")
-    assert_one_error_line(proc, 2, fragment)
-
-
-def test_cli_threads_zero(files):
-    assert_one_error_line(run_cli("generate", "-m", files["good"], "--threads", "0", "hi"), 2, "threads")
-
-
-def test_cli_unknown_catalog_name():
-    proc = run_cli("generate", "-m", "no-such-model-xyz", "hi")
-    assert_one_error_line(proc, 2, "no-such-model-xyz", DEFAULT_MODEL)
-
-
-def test_cli_prompt_over_context_length(files):
-    proc = run_cli("generate", "-m", files["good"], "-c", "4", "--temp", "0", "hello the world " * 8)
-    assert_one_error_line(proc, 1, "context length 4")
-
-
-def test_cli_generate_works_on_tiny_model(files):
-    """The error cases above are not an artefact of a CLI that always fails."""
-    proc = run_cli("generate", "-m", files["good"], "-n", "3", "--temp", "0", "--ignore-eos", "hello")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.endswith("\n")
-    assert "error" not in proc.stderr
+@pytest.mark.parametrize("name", list(LIES))
+def test_cli_files_that_lie(files, name):
+    """Issue 28's cases: ``llcinfer generate -m FILE -n 4 hi`` prints one error line, exit 1."""
+    with pytest.raises(ModelFileError):
+        GGUFFile(files["lie_" + name])
+    proc = run_cli("generate", "-m", files["lie_" + name], "-n", "4", "hi")
+    assert_one_error_line(proc, 1, *LIES[name][1])
+    assert proc.stdout == ""

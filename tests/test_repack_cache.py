@@ -10,6 +10,7 @@ import json
 import os
 import re
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from llcinfer.weights import file_pages
+from llcinfer.model import gguf_file
 from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.kernels import Linear
 from llcinfer.kernels import isa as isa_mod
@@ -198,6 +200,24 @@ def test_changed_model_file_is_rebuilt(tmp_path, cache):
     assert rc.STATS["built"] == 1
     assert_same(got, fresh(path, isa))
     only_file(cache)
+
+
+def test_model_rewritten_with_its_size_and_mtime_is_rebuilt(tmp_path, cache, monkeypatch):
+    """A GGUF rewritten in place with its size and mtime put back (as a mutated copy may be):
+    neither its cached header index nor the repacked weights of the old bytes are used."""
+    monkeypatch.setattr(gguf_file, "INDEX_MIN_FILE_SIZE", 0)  # the tiny file's header is cached too
+    path, isa = write_tiny_model(tmp_path / "m.gguf", qtype="Q8_0", seed=1), ISAS[0]
+    assert GGUFFile(path).metadata.value("llama.rope.freq_base") == 10000.0
+    packed_all(path, isa)
+    st = os.stat(path)
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    write_tiny_model(path, qtype="Q8_0", seed=2, extra_metadata={"llama.rope.freq_base": 20000.0})
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(path).st_size, os.stat(path).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert GGUFFile(path).metadata.value("llama.rope.freq_base") == 20000.0
+    got = packed_all(path, isa)
+    assert rc.STATS["built"] == 1
+    assert_same(got, fresh(path, isa))
 
 
 def test_disabled_by_env(models, cache, monkeypatch):

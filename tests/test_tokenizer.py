@@ -123,12 +123,14 @@ def test_every_pre_type_builds_and_roundtrips(pre):
     ({"tokenizer.ggml.pre": "no-such-pre"}, "'no-such-pre'"),
     ({"tokenizer.ggml.tokens": []}, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.merges": ["Ġt he", "x y"]}, "inconsistent"),
+    ({"tokenizer.ggml.pre": "é" * 3000}, "'éééé"),  # a long value is cut short
+    ({"tokenizer.ggml.merges": ["Ġt he", "x" * 3000]}, "malformed BPE merge 'xxxx"),
 ])
 def test_unsupported_vocabularies(overrides, fragment):
     with pytest.raises(TokenizerError) as info:
         Tokenizer.from_metadata(synthetic_meta(**overrides))
     msg = str(info.value)
-    assert fragment in msg and "\n" not in msg
+    assert fragment in msg and "\n" not in msg and len(msg) < 200
 
 
 # ---------------------------------------------------------------- real vocabularies

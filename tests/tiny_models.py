@@ -197,7 +197,7 @@ def write_tiny_model(path, arch: str = "llama", qtype: str = "Q8_0", n_layer: in
 
     d_model / d_ff default to 256 / 512 for K-quants (block 256) and 64 / 96 otherwise;
     head_dim = d_model / n_head.  ``vocab`` defaults to the tiny vocabulary's size (272);
-    a different value gives an embedding that does not match the vocabulary (still loads).
+    a different value gives an embedding that does not match the vocabulary (refused by read_config).
     ``tensor_type_override`` maps tensor names to types; ``skip_tensors`` leaves names out;
     ``extra_metadata`` adds or replaces keys (value None deletes the key); ``extra_tensors``
     maps names to (array, raw_dtype or None).  ``rope_freqs`` adds a llama3-style

@@ -22,7 +22,7 @@ TEMPLATE_KEY = "tokenizer.chat_template"
 
 
 def _raise_exception(message):
-    raise ChatTemplateError(f"chat template error: {message}")
+    raise ChatTemplateError(f"chat template error: {_one_line(message)}")
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -35,9 +35,10 @@ def _strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:200]
+def _one_line(what: BaseException | str) -> str:
+    """The first line of an exception's message (or of a text), at most 200 characters."""
+    lines = str(what).strip().splitlines()
+    return (lines[0] if lines else "" if isinstance(what, str) else type(what).__name__)[:200]
 
 
 def validate_messages(messages) -> None:
@@ -110,5 +111,5 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed to render: {_one_line(exc)}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError, RecursionError) as exc:
             raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {_one_line(exc)}") from None

@@ -1,13 +1,15 @@
-"""Memory-mapped GGUF files: metadata as plain Python values, tensors as validated views.
+"""Memory-mapped GGUF files: checked metadata values, tensors as validated views.
 
 Parsing is ``gguf.GGUFReader``'s; this module adds the checks a runtime needs before any
-kernel touches the bytes (file present, magic, every tensor inside the file, sizes that
-agree with the tensor type) and turns failures into one-line ``ModelFileError``s.
+kernel touches the bytes and turns failures into one-line ``ModelFileError``s: file present
+and a GGUF (magic), every header length inside the file (gguf_header.py), every metadata key
+llcinfer reads of its type and range (metadata.py), every tensor in its place (tensor_layout.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -15,10 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from gguf import quants as gguf_quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 from .. import paths
 from ..errors import ModelFileError, UnsupportedModelError
+from .gguf_header import check_header
+from .metadata import Metadata
+from .tensor_layout import Placed, check_layout
 
 GGUF_MAGIC = b"GGUF"
 
@@ -66,36 +71,64 @@ def _field_value(field):
     return value
 
 
-INDEX_VERSION = 1
+def _field_types(field) -> tuple[GGUFValueType, ...]:
+    """(T,) for a scalar, (ARRAY, element type) for an array, empty ones included (the
+    reader lists no element type for those; it is the part after the value type)."""
+    if field.types and field.types[0] == GGUFValueType.ARRAY:
+        return GGUFValueType.ARRAY, GGUFValueType(int(field.parts[3][0]))
+    return tuple(field.types[:1])
+
+
+class _Reader(GGUFReader):
+    """``gguf.GGUFReader`` without its tensor views: ``_build_tensors`` only keeps the
+    tensor info fields, which tensor_layout.py checks before anything is mapped."""
+
+    def _build_tensors(self, start_offs: int, fields) -> None:
+        self.tensor_fields = fields
+
+
+INDEX_VERSION = 3
 INDEX_MIN_FILE_SIZE = 16 << 20  # bytes; smaller files are parsed every time
 
 
 def _index_cache_path(path: str, st: os.stat_result) -> str | None:
-    """Where the parsed header of this exact file (path, size, mtime) is kept."""
-    key = hashlib.sha256(f"{INDEX_VERSION}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    """Where the parsed header of this exact file (path, inode, size, mtime, ctime) is kept;
+    any write to the file changes its ctime, even one that puts the size and mtime back."""
+    ident = (f"{INDEX_VERSION}|{os.path.realpath(path)}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|"
+             f"{st.st_ctime_ns}")
+    key = hashlib.sha256(ident.encode()).hexdigest()
     return os.path.join(paths.gguf_index_dir(), key[:32] + ".pkl")
 
 
-def _read_index(path: str) -> tuple[dict, list[tuple[str, int, list[int], int]]]:
-    """Parse the header with gguf.GGUFReader: (metadata, [(name, type, ne, data offset)])."""
+def _read_index(path: str) -> dict:
+    """Parse the header with gguf.GGUFReader, once its lengths check out (gguf_header.py):
+    metadata values and types, tensor records [(name, type, ne, offset in the data
+    section)], the data section's offset in the file and the alignment."""
+    check_header(path)
     try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError/IndexError/... on short or corrupt files
+        reader = _Reader(path, "r")
+    except Exception as exc:  # gguf raises ValueError/KeyError/... on corrupt files
         raise ModelFileError(f"truncated or corrupt GGUF file {path}: {_short(exc)}") from None
     try:
-        metadata = {k: _field_value(f) for k, f in reader.fields.items()}
+        values = {k: _field_value(f) for k, f in reader.fields.items()}
+        types = {k: _field_types(f) for k, f in reader.fields.items()}
     except Exception as exc:
         raise ModelFileError(f"corrupt GGUF metadata in {path}: {_short(exc)}") from None
-    tensors = [(t.name, int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset)) for t in reader.tensors]
-    return metadata, tensors
+    tensors = []
+    for f in reader.tensor_fields:  # data: name, dims, type, offset
+        dims, qtype, offset = (f.parts[i] for i in f.data[1:4])
+        tensors.append((f.name, int(qtype[0]), [int(x) for x in dims], int(offset[0])))
+    return {"values": values, "types": types, "tensors": tensors, "data_start": int(reader.data_offset),
+            "alignment": int(reader.alignment)}
 
 
-def _load_index(path: str) -> tuple[dict, list]:
+def _load_index(path: str) -> dict:
     """The header index, from the on-disk cache when this file was parsed before.
 
     GGUFReader builds one NumPy object per vocabulary string and takes seconds on a
     150k-token vocabulary; the cached index loads in tens of milliseconds.  Small files
-    parse quickly and are not cached (tests write many throwaway models).
+    parse quickly and are not cached (tests write many throwaway models).  The index is
+    what was parsed; GGUFFile checks it every time.
     """
     st = os.stat(path)
     if st.st_size < INDEX_MIN_FILE_SIZE:
@@ -132,48 +165,25 @@ class GGUFFile:
             magic = fh.read(4)
         if magic != GGUF_MAGIC:
             raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {self.path}")
-        self.metadata, records = _load_index(self.path)
+        index = _load_index(self.path)
+        self.metadata = Metadata(index["values"], index["types"], self.path)
+        placed = check_layout(index["tensors"], index["data_start"], index["alignment"], self.file_size, self.path)
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")  # [file_size] bytes
-        self.tensors: dict[str, TensorInfo] = {}
-        for name, type_code, ne, offset in records:
-            self.tensors[name] = self._validated(name, type_code, ne, offset)
+        self.tensors: dict[str, TensorInfo] = {t.name: self._view(t) for t in placed}
 
-    def _validated(self, name: str, type_code: int, ne: list[int], offset: int) -> TensorInfo:
-        try:
-            qtype = GGMLQuantizationType(type_code)
-        except ValueError:
-            raise UnsupportedModelError(f"tensor {name}: unknown tensor type {type_code}") from None
-        if qtype not in GGML_QUANT_SIZES:
-            raise UnsupportedModelError(f"tensor {name}: unknown tensor type {type_code}")
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        # ne is GGUF order: ne[0] is the contiguous dimension
-        if not ne or any(x <= 0 for x in ne):
-            raise ModelFileError(f"tensor {name}: invalid shape {ne}")
-        if ne[0] % block:
-            raise ModelFileError(f"tensor {name}: row length {ne[0]} is not a multiple of {qtype.name} block {block}")
-        n_bytes = int(np.prod(ne, dtype=np.int64)) // block * type_size
-        if offset < 0 or offset + n_bytes > self.file_size:
-            raise ModelFileError(
-                f"truncated or corrupt GGUF file {self.path}: tensor {name} needs bytes up to "
-                f"{offset + n_bytes}, file has {self.file_size}"
-            )
-        shape = tuple(reversed(ne))  # NumPy order
-        raw = self._map[offset:offset + n_bytes]
-        if qtype == GGMLQuantizationType.F32:
+    def _view(self, t: Placed) -> TensorInfo:
+        shape = tuple(reversed(t.ne))  # NumPy order
+        raw = self._map[t.offset:t.end]
+        if t.qtype == GGMLQuantizationType.F32:
             data = raw.view(np.float32).reshape(shape)
-        elif qtype == GGMLQuantizationType.F16:
+        elif t.qtype == GGMLQuantizationType.F16:
             data = raw.view(np.float16).reshape(shape)
         else:  # block types (BF16 too): [..., bytes per row]
-            data = raw.reshape(*shape[:-1], ne[0] // block * type_size)
-        return TensorInfo(name, qtype, shape, data)
-
-    def get(self, key: str, default=None):
-        return self.metadata.get(key, default)
+            data = raw.reshape(*shape[:-1], t.n_bytes // math.prod(shape[:-1]))
+        return TensorInfo(t.name, t.qtype, shape, data)
 
     def require(self, key: str):
-        if key not in self.metadata:
-            raise ModelFileError(f"GGUF metadata key missing: {key} ({self.path})")
-        return self.metadata[key]
+        return self.metadata.require(key)
 
     def tensor(self, name: str, required: bool = True) -> TensorInfo | None:
         t = self.tensors.get(name)

@@ -18,6 +18,7 @@ import codecs
 import operator
 
 from ..errors import TokenizerError
+from .metadata import show
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
@@ -118,7 +119,7 @@ class Tokenizer:
         from tokenizers import models, pre_tokenizers
 
         if pre not in _PRE_TYPES:
-            raise TokenizerError(f"unsupported pre-tokenizer type '{pre}' (tokenizer.ggml.pre)")
+            raise TokenizerError(f"unsupported pre-tokenizer type {show(pre)} (tokenizer.ggml.pre)")
         family, ignore_merges, _ = _PRE_TYPES[pre]
         self.pre = pre
         self.vocab_size = len(tokens)
@@ -127,14 +128,14 @@ class Tokenizer:
         vocab = {}
         for i, t in enumerate(tokens):
             if t in vocab:
-                raise TokenizerError(f"duplicate token in vocabulary: {t!r} has ids {vocab[t]} and {i}")
+                raise TokenizerError(f"duplicate token in vocabulary: {show(t)} has ids {vocab[t]} and {i}")
             vocab[t] = i
         self._vocab = vocab
         pairs = []
         for m in merges:
             pos = m.find(" ", 1)
             if pos < 0:
-                raise TokenizerError(f"malformed BPE merge {m!r} (tokenizer.ggml.merges)")
+                raise TokenizerError(f"malformed BPE merge {show(m)} (tokenizer.ggml.merges)")
             pairs.append((m[:pos], m[pos + 1:]))
         try:
             model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
@@ -171,7 +172,7 @@ class Tokenizer:
         if model is None:
             raise TokenizerError("GGUF has no tokenizer (tokenizer.ggml.model missing)")
         if model != "gpt2":
-            raise TokenizerError(f"unsupported tokenizer model type '{model}' (only byte-level BPE 'gpt2' is supported)")
+            raise TokenizerError(f"unsupported tokenizer model type {show(model)} (only byte-level BPE 'gpt2' is supported)")
         tokens = meta.get("tokenizer.ggml.tokens")
         if not tokens:
             raise TokenizerError("GGUF vocabulary is missing or empty (tokenizer.ggml.tokens)")

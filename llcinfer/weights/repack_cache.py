@@ -9,9 +9,11 @@ One file per (GGUF file, lanes W) holds every matrix the model repacks:
     [magic "LLCREPAK"][u32 header length][u32 crc32 of the header][header: JSON]
     [zero padding to 64 bytes][tensor 0 (64-byte aligned)][padding][tensor 1] ...
 
-The header names the file it was made from (real path, size, mtime in ns, as the GGUF
-header index of gguf_file.py), W, repack.FORMAT_VERSION, this container's version, the
-file's total size, and per tensor its name, GGML type, [N, K], packed shape and offset.
+The header names the file it was made from (real path, inode, size, mtime and ctime in
+ns, as the GGUF header index of gguf_file.py: any write to the GGUF changes its ctime, even
+one that puts its size and mtime back, so a changed file never maps another's weights), W,
+repack.FORMAT_VERSION, this container's version, the file's total size, and per tensor
+its name, GGML type, [N, K], packed shape and offset.
 A file whose header does not check out (magic, crc, versions, source identity, size on
 disk, offsets) is rebuilt, never trusted; the name depends only on the GGUF path and W,
 so a rebuild (new model version, new layout) replaces the stale file instead of leaving
@@ -136,7 +138,8 @@ def _source(w: np.ndarray) -> tuple[str, os.stat_result] | None:
 
 
 def _identity(path: str, st: os.stat_result) -> dict:
-    return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"path": os.path.realpath(path), "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns}
 
 
 def _slot(directory: str, ident: dict, W: int) -> str:

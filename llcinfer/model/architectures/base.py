@@ -6,6 +6,7 @@ pairs) and ``QKV_BIAS``, and may override ``read_config`` / ``load_weights``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -74,49 +75,50 @@ class ModelWeights:
         return total
 
 
-def _int(f: GGUFFile, key: str, default=None) -> int:
-    v = f.get(key, default)
-    if v is None:
-        raise ModelFileError(f"GGUF metadata key missing: {key}")
-    if isinstance(v, list):  # per-layer arrays: we need one value
-        if len(set(v)) != 1:
-            raise ModelFileError(f"{key}: per-layer values differ ({sorted(set(v))[:4]}), not supported")
-        v = v[0]
-    if not isinstance(v, (int, np.integer)) or v <= 0:
-        raise ModelFileError(f"GGUF metadata {key} must be a positive integer, got {v!r}")
-    return int(v)
-
-
 def read_config(f: GGUFFile, arch: str, rope_neox: bool, qkv_bias: bool) -> ModelConfig:
-    """Read the llama-family hyper-parameters ``{arch}.*`` and check their consistency."""
-    n_head = _int(f, f"{arch}.attention.head_count")
-    d_model = _int(f, f"{arch}.embedding_length")
-    n_kv = _int(f, f"{arch}.attention.head_count_kv", n_head)
-    head_dim = _int(f, f"{arch}.attention.key_length", d_model // n_head if d_model % n_head == 0 else None)
+    """The llama-family hyper-parameters ``{arch}.*``, each of them checked on its own by
+    ``GGUFFile.metadata`` (type and range, model/metadata.py), here against each other
+    and against the embedding."""
+    m = f.metadata
+
+    def key(suffix: str):
+        return m.value(f"{arch}.{suffix}")
+
+    n_head, d_model = key("attention.head_count"), key("embedding_length")
+    n_kv = key("attention.head_count_kv") or n_head
+    head_dim = key("attention.key_length")
+    if head_dim is None:
+        if d_model % n_head:
+            raise ModelFileError(f"{arch}.attention.head_count {n_head} does not divide {arch}.embedding_length "
+                                 f"{d_model} (and {arch}.attention.key_length is not set)")
+        head_dim = d_model // n_head
     if n_head % n_kv:
-        raise ModelFileError(f"head_count {n_head} is not a multiple of head_count_kv {n_kv}")
+        raise ModelFileError(f"{arch}.attention.head_count {n_head} is not a multiple of "
+                             f"{arch}.attention.head_count_kv {n_kv}")
     if head_dim % 2:
         raise ModelFileError(f"head dimension {head_dim} must be even for RoPE")
-    token_embd = f.tensor("token_embd.weight")
-    vocab = int(token_embd.shape[0])
-    eps = float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
-    rope_dim = _int(f, f"{arch}.rope.dimension_count", head_dim)
+    rope_dim = key("rope.dimension_count") or head_dim
     if rope_dim != head_dim:
         raise ModelFileError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+    vocab = int(f.tensor("token_embd.weight").shape[0])
+    tokens = m.get("tokenizer.ggml.tokens")
+    if tokens is not None and len(tokens) != vocab:
+        raise ModelFileError(f"{os.path.basename(f.path)}: the vocabulary (tokenizer.ggml.tokens) has {len(tokens)} "
+                             f"tokens but token_embd.weight has {vocab} rows")
     return ModelConfig(
         arch=arch,
-        n_layer=_int(f, f"{arch}.block_count"),
+        n_layer=key("block_count"),
         d_model=d_model,
         n_head=n_head,
         n_kv_head=n_kv,
         head_dim=head_dim,
-        d_ff=_int(f, f"{arch}.feed_forward_length"),
+        d_ff=key("feed_forward_length"),
         vocab_size=vocab,
-        n_ctx_train=_int(f, f"{arch}.context_length", 2048),
-        rope_base=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
+        n_ctx_train=key("context_length"),
+        rope_base=float(key("rope.freq_base")),
         rope_dim=rope_dim,
         rope_neox=rope_neox,
-        rms_eps=eps,
+        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
         qkv_bias=qkv_bias,
     )
 

@@ -1,0 +1,27 @@
+"""Running the command line in a child process, for the error tests.
+
+Not a test module: ``test_gguf_errors`` and ``test_usage_errors`` import it.
+"""
+
+import os
+import subprocess
+import sys
+
+
+def run_cli(*args, stdin=None):
+    """``llcinfer ARGS`` as a new process; asserts that nothing printed a traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from llcinfer.cli import main; main()", *map(str, args)],
+        capture_output=True, text=True, timeout=300, input=stdin, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    return proc
+
+
+def assert_one_error_line(proc, rc, *fragments):
+    """Exit code ``rc`` and exactly one ``error:`` line on stderr, holding every fragment."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == rc, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for frag in fragments:
+        assert frag in lines[0], f"{frag!r} not in {lines[0]!r}"

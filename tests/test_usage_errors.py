@@ -1,0 +1,83 @@
+"""Bad arguments (the model file is good): LLM and the command line.
+
+Each case asserts the exception type from ``llcinfer.errors`` and that the message names
+the problem; for the CLI, the exit code (2 usage, 1 runtime), exactly one ``error:`` line
+on stderr and no traceback.  Bad model files: test_gguf_errors.py.
+"""
+
+import pytest
+
+from llcinfer.errors import ContextLengthError, UsageError
+from llcinfer.model.catalog import DEFAULT_MODEL
+
+from cli_run import assert_one_error_line, run_cli
+from tiny_models import isolated_runtime, write_tiny_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime(tmp_path_factory):
+    with isolated_runtime(tmp_path_factory.mktemp("llcinfer_home")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return {"good": write_tiny_model(tmp_path_factory.mktemp("tiny") / "good.gguf", "llama", "Q8_0")}
+
+
+def test_llm_bad_arguments(files):
+    from llcinfer import LLM
+
+    for threads in (0, -1, 1.5, "2"):
+        with pytest.raises(UsageError, match="threads"):
+            LLM(str(files["good"]), threads=threads)
+    for n_ctx in (0, -5):
+        with pytest.raises(UsageError, match="n_ctx"):
+            LLM(str(files["good"]), threads=1, n_ctx=n_ctx)
+    llm = LLM(str(files["good"]), threads=1, n_ctx=4)
+    with pytest.raises(ContextLengthError, match="context length 4"):
+        llm.generate("hello the world and more words", max_tokens=1)
+    with pytest.raises(UsageError, match="token ids"):
+        llm.logits([300])
+    with pytest.raises(UsageError):
+        llm.logits([])
+    with pytest.raises(UsageError, match="unknown sampling option"):
+        llm.generate("hi", temprature=0)
+    with pytest.raises(UsageError, match="top_p"):
+        llm.generate("hi", top_p=0)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--temp", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["-n", "-1"], "max_tokens"),
+    (["--min-p", "2"], "min_p"),
+    (["--temp", "abc"], "abc"),
+    (["--bogus-option"], "bogus"),
+])
+def test_cli_usage_errors(files, args, fragment):
+    proc = run_cli("generate", "-m", files["good"], *args, "hi")
+    assert_one_error_line(proc, 2, fragment)
+
+
+def test_cli_threads_zero(files):
+    assert_one_error_line(run_cli("generate", "-m", files["good"], "--threads", "0", "hi"), 2, "threads")
+
+
+def test_cli_unknown_catalog_name():
+    proc = run_cli("generate", "-m", "no-such-model-xyz", "hi")
+    assert_one_error_line(proc, 2, "no-such-model-xyz", DEFAULT_MODEL)
+
+
+def test_cli_prompt_over_context_length(files):
+    proc = run_cli("generate", "-m", files["good"], "-c", "4", "--temp", "0", "hello the world " * 8)
+    assert_one_error_line(proc, 1, "context length 4")
+
+
+def test_cli_generate_works_on_tiny_model(files):
+    """The error cases above are not an artefact of a CLI that always fails."""
+    proc = run_cli("generate", "-m", files["good"], "-n", "3", "--temp", "0", "--ignore-eos", "hello")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("\n")
+    assert "error" not in proc.stderr

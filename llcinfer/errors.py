@@ -26,6 +26,12 @@ class UnsupportedModelError(LLCInferError):
     """The GGUF is valid but uses an architecture or tensor type llcinfer does not run."""
 
 
+class ConfigError(LLCInferError):
+    """A controller configuration is malformed: the message names the path of the bad node."""
+
+    exit_code = 2
+
+
 class CatalogError(LLCInferError):
     """An unknown catalog name, or a catalog entry that cannot be used."""
 

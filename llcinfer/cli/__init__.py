@@ -28,6 +28,7 @@ def _register():
     from .bench import bench
     from .plan import plan
     from .serve import serve
+    from .run import run
 
     cli.add_command(generate)
     cli.add_command(chat)
@@ -35,6 +36,7 @@ def _register():
     cli.add_command(bench)
     cli.add_command(plan)
     cli.add_command(serve)
+    cli.add_command(run)
 
 
 def main(argv=None):

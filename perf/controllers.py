@@ -90,7 +90,7 @@ def parse_answer(text: str | None) -> int | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--problems", type=int, default=100)
     ap.add_argument("--n", type=int, default=8)

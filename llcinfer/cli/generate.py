@@ -21,7 +21,7 @@ from .options import kv_options, model_options, sampling_kwargs, sampling_option
 @click.argument("prompt")
 def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, use_chat, system, verbose, **kw):
     """Complete PROMPT (use - to read it from stdin) and stream the text to stdout."""
-    params = SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
+    SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
     if prompt == "-":
         prompt = sys.stdin.read()
     if not prompt:
@@ -35,7 +35,6 @@ def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, use
         pieces = llm.chat(messages, stream=True, **sampling_kwargs(kw))
     else:
         pieces = llm.stream(prompt, **sampling_kwargs(kw))
-    del params
     out = sys.stdout
     for piece in pieces:
         out.write(piece)

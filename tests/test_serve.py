@@ -14,14 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+from http_serving import openai_client, served
 from tiny_models import isolated_runtime, write_tiny_model
 
 from llcinfer import LLM
@@ -41,25 +40,6 @@ def llm(tmp_path_factory):
         llm = LLM(str(path), threads=1, n_seq=PARALLEL, n_ctx=N_CTX)
         yield llm
         llm.close()
-
-
-@contextlib.contextmanager
-def served(app):
-    """``app`` under uvicorn on a free loopback port, in a thread; yields its base URL."""
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +63,6 @@ def slow_steps(llm, seconds: float = 0.01):
         yield
     finally:
         llm.engine.runner.run = run
-
-
-def _client(base: str, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=30)
 
 
 def _metrics(base: str) -> dict:
@@ -115,7 +91,7 @@ def _idle(llm) -> bool:
 
 # ---------------------------------------------------------------------------- the openai client
 def test_sync_client_matches_the_llm(llm, url):
-    client = _client(url)
+    client = openai_client(url)
     want_chat = llm.chat(MSGS, temperature=0, max_tokens=12)
     got = client.chat.completions.create(model="tiny", messages=MSGS, temperature=0, max_tokens=12)
     assert got.object == "chat.completion" and got.model == "tiny"
@@ -165,7 +141,7 @@ def test_async_client_concurrent_requests_match_alone(llm, url):
 
 
 def test_logprobs_in_both_formats(llm, url):
-    client = _client(url)
+    client = openai_client(url)
     engine = llm.submit(MSGS, temperature=0, max_tokens=8, logprobs=3).result()
     got = client.chat.completions.create(model="tiny", messages=MSGS, temperature=0, max_tokens=8,
                                          logprobs=True, top_logprobs=3)
@@ -190,7 +166,7 @@ def test_logprobs_in_both_formats(llm, url):
 
 
 def test_n_samples_share_the_prompt_blocks(llm, url):
-    client = _client(url)
+    client = openai_client(url)
     prompt = "Samples of one prompt " + "share its blocks " * 6
     kw = dict(model="tiny", prompt=prompt, temperature=1.5, top_p=1.0, max_tokens=8,
               extra_body={"ignore_eos": True, "top_k": 0, "min_p": 0})
@@ -281,9 +257,9 @@ def test_malformed_http_gets_openai_errors(llm, url):
     _error(httpx.get(url + "/v1/nothing", timeout=10), 404)
     _error(httpx.get(url + "/v1/models/gpt-4o", timeout=10), 404, "model_not_found")
     with pytest.raises(openai.NotFoundError):
-        _client(url).chat.completions.create(model="gpt-4o", messages=MSGS)
+        openai_client(url).chat.completions.create(model="gpt-4o", messages=MSGS)
     with pytest.raises(openai.BadRequestError, match="context length"):
-        _client(url).completions.create(model="tiny", prompt="hello " * 400)
+        openai_client(url).completions.create(model="tiny", prompt="hello " * 400)
     with served(create_app(llm, max_body_bytes=2048)) as small:
         _error(httpx.post(small + "/v1/completions", json={"prompt": "x" * 4096}, timeout=10), 413,
                "request_too_large")
@@ -296,9 +272,9 @@ def test_api_key_is_required_when_set(llm):
         _error(httpx.post(base + "/v1/completions", json={"prompt": "x"}, timeout=10), 401, "invalid_api_key")
         _error(httpx.get(base + "/v1/models", headers={"Authorization": "Bearer nope"}, timeout=10), 401)
         with pytest.raises(openai.AuthenticationError):
-            _client(base, "wrong").models.list()
-        assert [m.id for m in _client(base, "sesame").models.list()] == ["tiny"]
-        assert _client(base, "sesame").completions.create(model="tiny", prompt="x", max_tokens=2).usage.total_tokens
+            openai_client(base, "wrong").models.list()
+        assert [m.id for m in openai_client(base, "sesame").models.list()] == ["tiny"]
+        assert openai_client(base, "sesame").completions.create(model="tiny", prompt="x", max_tokens=2).usage.total_tokens
         assert httpx.get(base + "/health", timeout=10).json() == {"status": "ok"}  # open: load balancers probe it
 
 
@@ -314,7 +290,7 @@ def test_a_full_queue_answers_429(llm):
             assert "full" in err["message"]
             assert httpx.post(base + "/v1/completions", json={"prompt": "x"}, timeout=10).headers["retry-after"] == "1"
             with pytest.raises(openai.RateLimitError):
-                _client(base).completions.create(model="tiny", prompt="x")
+                openai_client(base).completions.create(model="tiny", prompt="x")
         assert _until(lambda: _metrics(base)[("llcinfer_requests_in_flight", ())] == 0)
         assert _until(lambda: _idle(llm))
         assert httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10).status_code == 200
@@ -325,7 +301,7 @@ def test_a_request_past_its_timeout_is_cancelled(llm):
         _error(httpx.post(base + "/v1/completions", json={"prompt": "slow", "n": PARALLEL, **LONG}, timeout=10),
                408, "request_timeout")
         with pytest.raises(openai.APIError, match="timeout"):
-            for _ in _client(base).chat.completions.create(model="tiny", messages=MSGS, stream=True, n=PARALLEL,
+            for _ in openai_client(base).chat.completions.create(model="tiny", messages=MSGS, stream=True, n=PARALLEL,
                                                            max_tokens=1000, extra_body={"ignore_eos": True}):
                 pass
         assert _until(lambda: _idle(llm))
@@ -334,7 +310,7 @@ def test_a_request_past_its_timeout_is_cancelled(llm):
 
 # ---------------------------------------------------------------------------- the other endpoints
 def test_models_health_and_metrics(llm, url):
-    client = _client(url)
+    client = openai_client(url)
     assert [m.id for m in client.models.list()] == ["tiny"]
     assert client.models.retrieve("tiny").owned_by == "llcinfer"
     assert httpx.get(url + "/health", timeout=10).json() == {"status": "ok"}
@@ -398,13 +374,13 @@ def _healthy(base: str) -> bool:
 
 # ---------------------------------------------------------------------------- a real model
 @pytest.mark.slow
-def test_smollm2_chat_through_the_openai_client():
+def test_smollm2_chat_through_the_openaiopenai_client():
     llm = LLM("smollm2-135m", threads=2, n_ctx=512, n_seq=2, progress=False)
     try:
         msgs = [{"role": "user", "content": "What is the capital of France?"}]
         want = llm.chat(msgs, temperature=0, max_tokens=24)
         with served(create_app(llm)) as base:
-            stream = _client(base).chat.completions.create(model="smollm2-135m", messages=msgs, temperature=0,
+            stream = openai_client(base).chat.completions.create(model="smollm2-135m", messages=msgs, temperature=0,
                                                            max_tokens=24, stream=True)
             got = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert got == want and got.strip()

@@ -1,10 +1,13 @@
-"""Options shared by ``generate`` and ``chat`` (names and defaults as llama.cpp's)."""
+"""Options shared by the commands (sampling names and defaults as llama.cpp's)."""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from ..engine.sampling import SamplingParams
+from ..errors import ConfigError, UsageError
 
 _D = SamplingParams()
 
@@ -60,3 +63,22 @@ def sampling_kwargs(kw: dict) -> dict:
     out = {k: kw[k] for k in keys}
     out["stop"] = tuple(kw.get("stop") or ())
     return out
+
+
+ref_option = click.option("--ref", "refs", multiple=True,
+                          help="NAME=module:attribute, an object a controller config's $ref may name (repeatable).")
+
+
+def import_refs(specs) -> dict:
+    """NAME=module:attribute pairs, imported, for the config's $ref values."""
+    refs = {}
+    for spec in specs:
+        name, sep, target = spec.partition("=")
+        module, colon, attr = target.partition(":")
+        if not sep or not colon or not name or not module or not attr:
+            raise UsageError(f"--ref takes NAME=module:attribute (got {spec!r})")
+        try:
+            refs[name] = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"--ref {spec}: cannot import {target}: {e}") from None
+    return refs

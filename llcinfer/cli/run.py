@@ -3,35 +3,19 @@ on a prompt and print the text it chose."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
-from ..errors import ConfigError, UsageError
-from .options import kv_options, model_options
-
-
-def _refs(specs) -> dict:
-    """NAME=module:attribute pairs, imported, for the config's $ref values."""
-    refs = {}
-    for spec in specs:
-        name, sep, target = spec.partition("=")
-        module, colon, attr = target.partition(":")
-        if not sep or not colon or not name or not module or not attr:
-            raise UsageError(f"--ref takes NAME=module:attribute (got {spec!r})")
-        try:
-            refs[name] = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(f"--ref {spec}: cannot import {target}: {e}") from None
-    return refs
+from ..errors import UsageError
+from .options import import_refs, kv_options, model_options, ref_option
 
 
 @click.command()
 @model_options
 @kv_options
 @click.option("--controller", "config", required=True, help="The controller config, YAML or JSON.")
-@click.option("--ref", "refs", multiple=True, help="NAME=module:attribute, an object the config's $ref may name.")
+@ref_option
 @click.option("--chat", "use_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--seed", "-s", type=int, default=None, help="Run seed: leaf i samples with seed + i.")
@@ -42,7 +26,7 @@ def run(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, config, 
     """Run the controller tree of --controller on PROMPT (- or none: read it from stdin)."""
     from ..controllers import from_config
 
-    ctl = from_config(config, refs=_refs(refs))  # a bad config fails before the model loads
+    ctl = from_config(config, refs=import_refs(refs))  # a bad config fails before the model loads
     if prompt in (None, "-"):
         prompt = sys.stdin.read()
     if not prompt:

@@ -1,6 +1,10 @@
 """``llcinfer serve``: the OpenAI-compatible server (llcinfer.serve) under uvicorn.
 
     llcinfer serve -m smollm2-135m [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel 4]
+                   [--controller vote8=vote.yaml ...] [--ref NAME=module:attribute ...]
+
+Each ``--controller ID=FILE`` serves the controller tree of FILE as the model id ID
+(llcinfer.serve.controllers); its config is checked before the port is bound.
 
 The port is bound before the model loads (a port in use fails at once).  Ctrl-C or
 SIGTERM stops accepting connections, lets the requests in flight finish, then closes the
@@ -18,7 +22,7 @@ import socket
 import click
 
 from ..errors import LLCInferError, UsageError
-from .options import kv_options, model_options
+from .options import import_refs, kv_options, model_options, ref_option
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -28,6 +32,21 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
         raise LLCInferError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def _controllers(specs, refs) -> list:
+    """ID=FILE pairs, each built into a served controller tree."""
+    from ..controllers import from_config
+    from ..serve.controllers import ServedController
+
+    out = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--controller takes ID=FILE (got {spec!r})")
+        tree = from_config(path, refs=refs)
+        out.append(ServedController(name, tree, tree.type_name))
+    return out
 
 
 def _is_loopback(host: str) -> bool:
@@ -59,8 +78,11 @@ def _log_config() -> dict:
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds a request may take, queueing included, before it is cancelled (0: no limit).")
 @click.option("--max-body-kb", type=int, default=4096, show_default=True, help="Largest request body, KiB (413 past it).")
+@click.option("--controller", "controller_specs", multiple=True,
+              help="ID=FILE: serve the controller tree of FILE (YAML or JSON) as model ID (repeatable).")
+@ref_option
 def serve(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, api_key, parallel, max_queue,
-          timeout_s, max_body_kb):
+          timeout_s, max_body_kb, controller_specs, refs):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics)."""
     if not 0 <= port <= 65535:
@@ -69,6 +91,7 @@ def serve(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, ap
         raise UsageError(f"--parallel must be >= 1 (got {parallel})")
     if max_queue < 0 or timeout_s < 0 or max_body_kb < 1:
         raise UsageError("--max-queue and --timeout must be >= 0, --max-body-kb >= 1")
+    controllers = _controllers(controller_specs, import_refs(refs))
     sock = _listen(host, port)
     import uvicorn
 
@@ -78,13 +101,15 @@ def serve(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, ap
     llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type, n_seq=parallel,
               kv_budget_mb=kv_budget_mb)
     try:
-        app = create_app(llm, api_key=api_key, max_queue=max_queue, request_timeout_s=timeout_s,
+        app = create_app(llm, controllers=controllers, api_key=api_key, max_queue=max_queue, request_timeout_s=timeout_s,
                          max_body_bytes=max_body_kb << 10)
         if api_key is None and not _is_loopback(host):
             click.echo(f"warning: listening on {host} without --api-key: anyone who reaches the port may use it",
                        err=True)
         click.echo(f"serving {llm.model_path.stem} ({llm.config.arch}, n_ctx {llm.n_ctx}, parallel {parallel}, "
                    f"threads {llm.threads}) on http://{host}:{sock.getsockname()[1]}/v1", err=True)
+        for c in controllers:
+            click.echo(f"  controller {c.name}: {c.type_name}, {c.tree.n_leaves} generations a request", err=True)
         server = uvicorn.Server(uvicorn.Config(app, log_config=_log_config(), timeout_graceful_shutdown=None))
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # drained like Ctrl-C (uvicorn re-raises it)
         try:

@@ -4,6 +4,9 @@
     GET  /v1/models             GET  /v1/models/{id}
     GET  /health                GET  /metrics          (open even with an API key)
 
+Controller trees given at start (``controllers``) are served as further model ids
+(llcinfer.serve.controllers).
+
 Admission: the server holds at most ``parallel + max_queue`` sequences (a request with
 ``n`` samples counts ``n``), ``parallel`` being the engine's concurrency; past that a
 request gets 429 with ``Retry-After``.  Each request has ``request_timeout_s`` from
@@ -29,10 +32,12 @@ from starlette.routing import Route
 
 from ..api import LLM
 from ..errors import ChatTemplateError, ContextLengthError, UsageError
+from . import controllers as served_controllers
+from .controllers import ServedController
 from .metrics import Metrics
-from .protocol import APIError, Generation, parse
+from .protocol import APIError, Generation, parse, unknown_model
 from .responses import Shape
-from .streaming import EventStream, Run, sse
+from .streaming import EventStream, Run, guarded_sse, sse
 
 log = logging.getLogger("llcinfer.serve")
 
@@ -48,9 +53,11 @@ def error_response(e: APIError) -> JSONResponse:
 class _Server:
     """What the routes share: the model, the admission count, the metrics."""
 
-    def __init__(self, llm: LLM, model_name: str, api_key: str | None, max_queue: int, timeout_s: float | None,
-                 max_body_bytes: int):
+    def __init__(self, llm: LLM, model_name: str, controllers: list[ServedController], api_key: str | None,
+                 max_queue: int, timeout_s: float | None, max_body_bytes: int):
         self.llm, self.model_name, self.api_key = llm, model_name, api_key
+        self.controllers = {c.name: c for c in controllers}
+        self.model_ids = [model_name] + list(self.controllers)
         self.parallel = llm.engine.scheduler.max_seqs
         self.capacity = self.parallel + max_queue
         self.timeout_s, self.max_body_bytes = timeout_s, max_body_bytes
@@ -88,29 +95,40 @@ class _Server:
         return data
 
     # ------------------------------------------------------------------ generation
-    def submit(self, gen: Generation) -> list:
-        if self.in_flight + gen.n > self.capacity:
+    def admit(self, gen: Generation, n: int, submit) -> tuple:
+        """``submit()`` for a request of ``n`` sequences, if they fit beside those in flight."""
+        if self.in_flight + n > self.capacity:
             raise APIError(429, f"the server is full ({self.in_flight} sequences in flight, at most "
                                 f"{self.capacity}); retry shortly", type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"})
         try:
-            if gen.n == 1:
-                handles = [self.llm.submit(gen.prompt, **gen.sampling)]
-            else:
-                handles = self.llm.submit_n(gen.prompt, gen.n, **gen.sampling)
+            submitted = submit()
         except ContextLengthError as e:
             raise APIError(400, str(e), param="messages" if gen.kind == "chat" else "prompt",
                            code="context_length_exceeded") from None
         except (UsageError, ChatTemplateError) as e:
             raise APIError(400, str(e)) from None
-        self.in_flight += gen.n
-        return handles
+        self.in_flight += n
+        return submitted
+
+    def submit(self, gen: Generation, served: ServedController | None) -> tuple[list, object]:
+        """The engine requests of ``gen`` and, for a controller, the function that waits for its choice."""
+        if served is not None:
+            return self.admit(gen, served.tree.n_leaves,
+                              lambda: served_controllers.start(served, self.llm, gen.prompt, gen.sampling.get("seed")))
+        if gen.n == 1:
+            return self.admit(gen, 1, lambda: [self.llm.submit(gen.prompt, **gen.sampling)]), None
+        return self.admit(gen, gen.n, lambda: self.llm.submit_n(gen.prompt, gen.n, **gen.sampling)), None
 
     async def generate(self, request: Request, kind: str, endpoint: str) -> Response:
         try:
             self.authorize(request)
-            gen = parse(kind, await self.read_json(request), self.model_name, self.parallel, self.llm.n_ctx)
-            handles = self.submit(gen)
+            body = await self.read_json(request)
+            served = self.controllers.get(body.get("model"))
+            if served is not None:
+                served_controllers.check_request(body, served.name)
+            gen = parse(kind, body, self.model_ids, self.parallel, self.llm.n_ctx)
+            handles, wait = self.submit(gen, served)
         except APIError as e:
             self.metrics.finished(endpoint, "rejected" if e.status == 429 else "invalid", [])
             raise
@@ -120,19 +138,30 @@ class _Server:
             self.metrics.finished(endpoint, run.outcome, [h.stats for h in run.handles])
 
         run = Run(handles, self.timeout_s, self.limiter, on_close)
-        shape = Shape(kind, self.model_name, self.llm.tokenizer)
+        shape = Shape(kind, gen.model, self.llm.tokenizer)
         if gen.stream:
-            return EventStream(run, sse(run, gen, shape))
+            chunks = sse(run, gen, shape) if served is None else \
+                guarded_sse(run, served_controllers.chunks(run, gen, shape, served, wait))
+            return EventStream(run, chunks)
         try:
             done = await run.collect(request.receive)
+            if served is None:
+                body = shape.response(done)
+            else:
+                outcome = await served_controllers.choose(wait)
+                body = shape.response([served_controllers.as_completion(outcome)], counted=done)
+                body["controller"] = served_controllers.summary(served, outcome)
             run.outcome = "ok"
-            return JSONResponse(shape.response(done))
+            return JSONResponse(body)
         finally:
             run.close()
 
     # ------------------------------------------------------------------ the rest
-    def model_card(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "llcinfer"}
+    def model_card(self, model_id: str) -> dict:
+        card = {"id": model_id, "object": "model", "created": self.created, "owned_by": "llcinfer"}
+        if model_id in self.controllers:
+            card["controller"] = {"type": self.controllers[model_id].type_name, "model": self.model_name}
+        return card
 
 
 def _route(handler):
@@ -152,7 +181,8 @@ def _route(handler):
     return run
 
 
-def create_app(llm: LLM, *, model_name: str | None = None, api_key: str | None = None,
+def create_app(llm: LLM, *, model_name: str | None = None, controllers: list[ServedController] = (),
+               api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout_s: float | None = DEFAULT_TIMEOUT_S,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
     """The ASGI app serving ``llm`` (mount it, or run it with uvicorn).  Starts the LLM's
@@ -160,7 +190,8 @@ def create_app(llm: LLM, *, model_name: str | None = None, api_key: str | None =
 
     ``model_name``: the id clients name (default: the model file's stem, which for a
     catalog model is its catalog name); ``api_key``: require ``Authorization: Bearer
-    KEY`` on /v1/; ``max_queue``: sequences that may wait beyond the engine's
+    KEY`` on /v1/; ``controllers``: controller trees served under their own ids (one
+    run's leaves must fit in ``parallel + max_queue``); ``max_queue``: sequences that may wait beyond the engine's
     concurrency before 429; ``request_timeout_s``: None or 0 for no limit."""
     if not isinstance(max_queue, int) or max_queue < 0:
         raise UsageError(f"max_queue must be a non-negative integer (got {max_queue!r})")
@@ -168,8 +199,17 @@ def create_app(llm: LLM, *, model_name: str | None = None, api_key: str | None =
         raise UsageError(f"request_timeout_s must be >= 0 (got {request_timeout_s!r})")
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise UsageError(f"max_body_bytes must be a positive integer (got {max_body_bytes!r})")
-    server = _Server(llm, model_name or llm.model_path.stem, api_key, max_queue, request_timeout_s or None,
+    model_name = model_name or llm.model_path.stem
+    ids = [model_name] + [c.name for c in controllers]
+    for c in controllers:
+        if ids.count(c.name) != 1:
+            raise UsageError(f"controller id '{c.name}' is given twice or is the model's own id")
+    server = _Server(llm, model_name, list(controllers), api_key, max_queue, request_timeout_s or None,
                      max_body_bytes)
+    for c in controllers:
+        if c.tree.n_leaves > server.capacity:
+            raise UsageError(f"controller '{c.name}' runs {c.tree.n_leaves} generations at once, more than the "
+                             f"server admits ({server.parallel} parallel + {max_queue} queued)")
     llm.start()
 
     async def chat(request: Request) -> Response:
@@ -180,14 +220,14 @@ def create_app(llm: LLM, *, model_name: str | None = None, api_key: str | None =
 
     async def models(request: Request) -> Response:
         server.authorize(request)
-        return JSONResponse({"object": "list", "data": [server.model_card()]})
+        return JSONResponse({"object": "list", "data": [server.model_card(m) for m in server.model_ids]})
 
     async def model(request: Request) -> Response:
         server.authorize(request)
-        if request.path_params["model"] != server.model_name:
-            raise APIError(404, f"The model '{request.path_params['model']}' does not exist",
-                           type="not_found_error", param="model", code="model_not_found")
-        return JSONResponse(server.model_card())
+        model_id = request.path_params["model"]
+        if model_id not in server.model_ids:
+            raise unknown_model(model_id, server.model_ids)
+        return JSONResponse(server.model_card(model_id))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

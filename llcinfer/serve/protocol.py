@@ -43,6 +43,7 @@ class Generation:
     """One API request, ready for ``LLM.submit`` / ``LLM.submit_n``."""
 
     kind: str  # "chat" | "text"
+    model: str  # the id the request named (or the served model's)
     prompt: str | list[dict]
     sampling: dict = field(default_factory=dict)  # SamplingParams keyword arguments
     n: int = 1
@@ -138,13 +139,20 @@ def _logprobs(kind: str, body: dict) -> int | None:
     return top or 0
 
 
-def parse(kind: str, body: dict, model_name: str, max_n: int, n_ctx: int) -> Generation:
-    """Check an API request body; ``max_n`` choices at most, ``n_ctx`` the context length
-    (the default ``max_tokens``)."""
+def unknown_model(model: str, model_ids: list[str]) -> APIError:
+    return APIError(404, f"The model '{model}' does not exist (this server serves {', '.join(map(repr, model_ids))})",
+                    type="not_found_error", param="model", code="model_not_found")
+
+
+def parse(kind: str, body: dict, model_ids: list[str], max_n: int, n_ctx: int) -> Generation:
+    """Check an API request body; ``model_ids``: the ids it may name (the first when it
+    names none), ``max_n`` choices at most, ``n_ctx`` the context length (the default
+    ``max_tokens``)."""
     model = body.get("model")
-    if model is not None and model != model_name:
-        raise APIError(404, f"The model '{model}' does not exist (this server serves '{model_name}')",
-                       type="not_found_error", param="model", code="model_not_found")
+    if model is None:
+        model = model_ids[0]
+    elif model not in model_ids:
+        raise unknown_model(model, model_ids)
     _refuse_unsupported(body)
     prompt = _messages(body) if kind == "chat" else _prompt(body)
     sampling: dict = {}
@@ -182,4 +190,4 @@ def parse(kind: str, body: dict, model_name: str, max_n: int, n_ctx: int) -> Gen
         if not isinstance(options, dict):
             raise _bad("stream_options", "stream_options must be an object")
     include_usage = _flag(options or {}, "include_usage")
-    return Generation(kind, prompt, sampling, n, stream, include_usage, logprobs)
+    return Generation(kind, model, prompt, sampling, n, stream, include_usage, logprobs)

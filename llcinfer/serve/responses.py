@@ -88,7 +88,9 @@ class Shape:
         return self.logprobs(index, c.token_ids, c.logprobs, c.top_logprobs)
 
     # ------------------------------------------------------------------ whole responses
-    def response(self, completions: list[Completion]) -> dict:
+    def response(self, completions: list[Completion], counted: list[Completion] | None = None) -> dict:
+        """The whole response with ``completions`` as its choices; the usage counts
+        ``counted`` (default: the choices themselves)."""
         choices = []
         for i, c in enumerate(completions):
             choice = {"index": i}
@@ -100,7 +102,8 @@ class Shape:
             choice["finish_reason"] = finish_reason(c.stop_reason)
             choices.append(choice)
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": usage(completions)}
+                "created": self.created, "model": self.model, "choices": choices,
+                "usage": usage(counted or completions)}
 
     # ------------------------------------------------------------------ stream chunks
     def chunk(self, index: int, text: str | None = None, logprobs: dict | None = None,

@@ -173,24 +173,33 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def sse(run: Run, gen: Generation, shape: Shape) -> AsyncIterator[str]:
-    """The server-sent events of a streamed request, ``data: [DONE]`` last; an error after
-    the stream started is sent as an ``{"error": ...}`` event (vLLM's way)."""
-    try:
+def sse(run: Run, gen: Generation, shape: Shape) -> AsyncIterator[str]:
+    """The server-sent events of a streamed request."""
+    async def chunks():
         if gen.kind == "chat":
             for i in range(gen.n):
-                yield _data(shape.chunk(i, text="", role=True))
+                yield shape.chunk(i, text="", role=True)
         async for i, piece in run.events():
             if piece is None:
                 c = run.handles[i].result()
                 if c.error is not None:
                     run.outcome = "error"
                     raise engine_error(c.error)
-                yield _data(shape.chunk(i, logprobs=run.new_logprobs(i, shape), finish=finish_reason(c.stop_reason)))
+                yield shape.chunk(i, logprobs=run.new_logprobs(i, shape), finish=finish_reason(c.stop_reason))
             else:
-                yield _data(shape.chunk(i, piece, logprobs=run.new_logprobs(i, shape)))
+                yield shape.chunk(i, piece, logprobs=run.new_logprobs(i, shape))
         if gen.include_usage:
-            yield _data(shape.usage_chunk(run.completions()))
+            yield shape.usage_chunk(run.completions())
+
+    return guarded_sse(run, chunks())
+
+
+async def guarded_sse(run: Run, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """``chunks`` as server-sent events, ``data: [DONE]`` last; an error after the stream
+    started is sent as an ``{"error": ...}`` event (vLLM's way)."""
+    try:
+        async for obj in chunks:
+            yield _data(obj)
         run.outcome = "ok"
     except APIError as e:
         yield _data(e.body())

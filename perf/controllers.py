@@ -24,7 +24,8 @@ With vote and best both asked for, best is by default chosen from vote's n sampl
 same child config and run seed, so the very samples ``best_of_n`` would draw; its wall
 time is then vote's): ``--separate-best`` runs it as its own controller instead.  The
 sequential baseline runs on the first ``--sequential-problems`` problems (default: all);
-its ratio is taken over those problems only.
+its ratio to the batched samples (vote's, or best's when vote did not run) is taken over
+those problems only.
 """
 
 from __future__ import annotations
@@ -141,26 +142,29 @@ def main() -> None:
         rows.append(row)
         marks = " ".join(f"{s}={'ok' if row[s]['answer'] == answer else row[s]['answer']}"
                          for s in strategies if s != "sequential")
-        if "sequential" in row and "vote" in row:
-            marks += f" | vote {row['vote']['seconds']:.1f} s, sequential {row['sequential']['seconds']:.1f} s"
+        batched = next((b for b in ("vote", "best") if row.get(b, {}).get("seconds") is not None), None)
+        if "sequential" in row and batched:
+            marks += f" | {batched} {row[batched]['seconds']:.1f} s, sequential {row['sequential']['seconds']:.1f} s"
         print(f"[{i + 1}/{args.problems}] answer {answer}: {marks}", file=sys.stderr, flush=True)
     summary = {"model": args.model, "problems": args.problems, "n": args.n, "threads": llm.threads,
                "max_tokens": args.max_tokens, "temperature": args.temperature, "wall_s": wall,
                "accuracy": {s: sum(r[s]["answer"] == r["answer"] for r in rows) / len(rows)
                             for s in strategies if s != "sequential"}}
-    timed = [r for r in rows if "sequential" in r and "vote" in r]
+    batched = "vote" if "vote" in strategies else "best"
+    timed = [r for r in rows if "sequential" in r and r.get(batched, {}).get("seconds") is not None]
     if timed:
         summary["sequential_problems"] = len(timed)
-        summary["sequential_over_vote"] = (sum(r["sequential"]["seconds"] for r in timed)
-                                           / sum(r["vote"]["seconds"] for r in timed))
+        summary["sequential_batched_by"] = batched
+        summary["sequential_over_batched"] = (sum(r["sequential"]["seconds"] for r in timed)
+                                              / sum(r[batched]["seconds"] for r in timed))
     for s in strategies:
         acc = summary["accuracy"].get(s)
         shared = s == "best" and "vote" in strategies and not args.separate_best
         print(f"{s:10s} accuracy {'-' if acc is None else f'{acc:.1%}':>6s}  "
               f"wall {'(vote' + chr(39) + 's samples)' if shared else f'{wall[s]:8.1f} s'}", flush=True)
-    if "sequential_over_vote" in summary:
-        print(f"{args.n} sequential / {args.n} batched samples (vote), over {summary['sequential_problems']} "
-              f"problems: {summary['sequential_over_vote']:.2f}x")
+    if "sequential_over_batched" in summary:
+        print(f"{args.n} sequential / {args.n} batched samples ({batched}), over {summary['sequential_problems']} "
+              f"problems: {summary['sequential_over_batched']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "summary": summary, "rows": rows}, indent=1))
         print(f"wrote {args.json}")

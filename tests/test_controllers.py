@@ -181,6 +181,9 @@ def test_samples_are_submitted_together_and_share_the_prompt(llm):
             events.append("wait")
             return self.h.result()
 
+        def __getattr__(self, name):  # done, cancel
+            return getattr(self.h, name)
+
     llm.reset()
     before = llm.kv_stats()["prefix_hit_tokens"]
     ctl = from_config({"type": "majority_vote", "n": 4, "extract": {"$ref": "first_char"}, "child": HOT},
@@ -193,6 +196,24 @@ def test_samples_are_submitted_together_and_share_the_prompt(llm):
                           "child": {"type": "best_of_n", "n": 2, "reward": "logprob", "child": HOT}}, Recording())
     nested.run(prompt, seed=0)
     assert events == ["submit"] * 6 + ["wait"] * 6
+
+
+def test_an_interrupted_run_cancels_its_leaves(llm, monkeypatch):
+    from llcinfer.engine.request import RequestHandle
+
+    def interrupted(self):  # Ctrl-C a few steps into the wait
+        for _ in range(3):
+            llm.engine.step_if_idle()
+        raise KeyboardInterrupt
+
+    long = {**HOT, "max_tokens": 400}
+    ctl = from_config({"type": "majority_vote", "n": 4, "extract": "(x)", "child": long}, llm)
+    monkeypatch.setattr(RequestHandle, "result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ctl.run(PROMPT, seed=0)
+    monkeypatch.undo()
+    s = llm.engine.scheduler
+    assert not s.running and not s.waiting and llm.kv_stats()["in_use_blocks"] == 0
 
 
 def test_unbound_controller_is_a_usage_error():

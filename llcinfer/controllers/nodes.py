@@ -54,14 +54,58 @@ class Controller:
         return self
 
     def run(self, prompt, seed: int | None = None) -> Outcome:
-        """Run the tree on ``prompt`` (text, or chat messages) and return its choice."""
+        """Run the tree on ``prompt`` (text, or chat messages) and return its choice.  If
+        waiting fails or is interrupted, the leaves still running are cancelled."""
         llm = getattr(self, "llm", None)
         if llm is None:
             raise UsageError("this controller is not bound to an LLM (from_config(config, llm) or .bind(llm))")
-        return self.start(llm, prompt, seed)()
+        handles, wait = self.launch(llm, prompt, seed)
+        try:
+            return wait()
+        finally:
+            _cancel(handles)
+
+    def launch(self, llm, prompt, seed: int | None) -> tuple[list, Callable[[], Outcome]]:
+        """Submit every leaf of one run; returns their request handles (to wait for, time
+        out or cancel) and the function that waits for the outcome.  A failure while
+        submitting cancels what was already submitted."""
+        recorder = _Recorder(llm)
+        try:
+            wait = self.start(recorder, prompt, seed)
+        except BaseException:
+            _cancel(recorder.handles)
+            raise
+        return recorder.handles, wait
 
     def start(self, llm, prompt, seed: int | None) -> Callable[[], Outcome]:
         raise NotImplementedError
+
+
+class _Recorder:
+    """The LLM as one run sees it: the requests the run submits are recorded."""
+
+    def __init__(self, llm):
+        self._llm = llm
+        self.handles: list = []
+
+    def submit(self, prompt, **sampling):
+        handle = self._llm.submit(prompt, **sampling)
+        self.handles.append(handle)
+        return handle
+
+    def submit_n(self, prompt, n: int, **sampling) -> list:
+        handles = self._llm.submit_n(prompt, n, **sampling)
+        self.handles.extend(handles)
+        return handles
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+
+def _cancel(handles) -> None:
+    for h in handles:
+        if not h.done:
+            h.cancel()
 
 
 @register_controller("generate")

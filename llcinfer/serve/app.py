@@ -115,7 +115,7 @@ class _Server:
         """The engine requests of ``gen`` and, for a controller, the function that waits for its choice."""
         if served is not None:
             return self.admit(gen, served.tree.n_leaves,
-                              lambda: served_controllers.start(served, self.llm, gen.prompt, gen.sampling.get("seed")))
+                              lambda: served.tree.launch(self.llm, gen.prompt, gen.sampling.get("seed")))
         if gen.n == 1:
             return self.admit(gen, 1, lambda: [self.llm.submit(gen.prompt, **gen.sampling)]), None
         return self.admit(gen, gen.n, lambda: self.llm.submit_n(gen.prompt, gen.n, **gen.sampling)), None

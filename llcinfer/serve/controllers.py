@@ -21,7 +21,7 @@ from typing import AsyncIterator
 import anyio.to_thread
 
 from ..controllers import Controller, Outcome
-from ..engine.request import Completion, RequestHandle
+from ..engine.request import Completion
 from ..errors import LLCInferError
 from .protocol import APIError
 from .responses import finish_reason
@@ -49,41 +49,6 @@ def check_request(body: dict, name: str) -> None:
     if body.get("n") not in (None, 1):
         raise APIError(400, f"model '{name}' is a controller: it returns one choice (n must be 1)", param="n",
                        code="unsupported_parameter")
-
-
-class _Recorder:
-    """The LLM as a controller run sees it: every request it submits is recorded, so the
-    server can wait for, time out and cancel the run's leaves."""
-
-    def __init__(self, llm):
-        self._llm = llm
-        self.handles: list[RequestHandle] = []
-
-    def submit(self, prompt, **sampling) -> RequestHandle:
-        handle = self._llm.submit(prompt, **sampling)
-        self.handles.append(handle)
-        return handle
-
-    def submit_n(self, prompt, n: int, **sampling) -> list[RequestHandle]:
-        handles = self._llm.submit_n(prompt, n, **sampling)
-        self.handles.extend(handles)
-        return handles
-
-    def __getattr__(self, name):
-        return getattr(self._llm, name)
-
-
-def start(served: ServedController, llm, prompt, seed: int | None):
-    """Submit every leaf of one run; returns (the leaves' handles, the function that waits
-    for the outcome).  A failure while submitting cancels what was already submitted."""
-    recorder = _Recorder(llm)
-    try:
-        wait = served.tree.start(recorder, prompt, seed)
-    except BaseException:
-        for h in recorder.handles:
-            h.cancel()
-        raise
-    return recorder.handles, wait
 
 
 def summary(served: ServedController, outcome: Outcome) -> dict:

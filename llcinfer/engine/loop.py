@@ -62,8 +62,11 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt: list[int], params: SamplingParams, want_logits: bool = False,
-               _queue: bool = True) -> RequestHandle:
-        """Queue a request for ``prompt`` (token ids); returns its handle.  Thread-safe."""
+               score_from: int | None = None, on_logits=None, _queue: bool = True) -> RequestHandle:
+        """Queue a request for ``prompt`` (token ids); returns its handle.  Thread-safe.
+        With ``score_from`` and ``on_logits``, the logits at prompt positions >= score_from
+        are computed (never taken from cached blocks) and handed to ``on_logits(first
+        position, rows # [n, vocab])`` on the engine thread as the prompt's chunks run."""
         params = params.validate()
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -73,8 +76,12 @@ class Engine:
             raise UsageError(f"token ids must be in [0, {vocab})")
         if len(prompt) > self.n_ctx:
             raise ContextLengthError(f"prompt of {len(prompt)} tokens exceeds the context length {self.n_ctx}")
+        if (score_from is None) != (on_logits is None) or (on_logits is not None and not callable(on_logits)):
+            raise UsageError("scoring a prompt needs both score_from and a callable on_logits")
+        if score_from is not None and not 0 <= score_from < len(prompt):
+            raise UsageError(f"score_from must be in [0, {len(prompt)}) (got {score_from})")
         req = Request(next(self._ids), prompt, params, vocab, self.tokenizer.stream_decoder(),
-                      self.tokenizer.eog_ids, want_logits)
+                      self.tokenizer.eog_ids, want_logits, score_from, on_logits)
         if _queue:
             self._post(("add", req))
         return RequestHandle(self, req)
@@ -147,6 +154,12 @@ class Engine:
         for chunk, row in zip(batch.chunks, logits):
             req = chunk.request
             req.n_computed = req.seq.n_tokens
+            if chunk.scored_logits is not None:
+                try:
+                    req.on_logits(chunk.score_first, chunk.scored_logits)
+                except Exception as e:  # noqa: BLE001 - a failing consumer ends its own request only
+                    self._finish(req, "error", e)
+                    continue
             if row is None:
                 continue  # a prompt chunk short of the last token
             if req.want_logits and req.logits is None:

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -99,7 +99,8 @@ class Request:
     is the only writer of its state."""
 
     def __init__(self, rid: int, prompt: list[int], params: SamplingParams, vocab_size: int,
-                 decoder: StreamDecoder, eog_ids, want_logits: bool = False):
+                 decoder: StreamDecoder, eog_ids, want_logits: bool = False, score_from: int | None = None,
+                 on_logits: Callable[[int, np.ndarray], None] | None = None):
         self.id = rid
         self.params = params
         self.sampler = Sampler(params, vocab_size)
@@ -108,6 +109,10 @@ class Request:
         self.n_prompt = len(prompt)
         self.want_logits = want_logits  # keep the logits after the prompt (LLM.logits)
         self.logits: np.ndarray | None = None  # [vocab] f32, the last sampled-from logits when asked
+        # prompt scoring (perplexity): the logits at prompt positions >= score_from go to
+        # on_logits(first position, rows  # [n, vocab] f32) on the engine thread, chunk by chunk
+        # (again after a preemption: the recomputed rows are handed over once more)
+        self.score_from, self.on_logits = score_from, on_logits
         # per generated token, when params.logprobs is set: its log-probability and the top N
         self.logprobs: list[float] | None = None if params.logprobs is None else []
         self.top_logprobs: list[list[tuple[int, float]]] | None = None if params.logprobs is None else []

@@ -49,7 +49,8 @@ class ModelRunner:
 
     def run(self, batch: Batch) -> list[np.ndarray | None]:
         """Logits  # [vocab] f32 for every chunk that samples (None for the others), in the
-        order of ``batch.chunks``."""
+        order of ``batch.chunks``; a chunk with prompt rows to score gets their logits in
+        ``Chunk.scored_logits``."""
         out: list[np.ndarray | None] = [None] * len(batch.chunks)
         decode, rest = [], []
         for i, c in enumerate(batch.chunks):
@@ -61,10 +62,14 @@ class ModelRunner:
             self.model.settle_weights()  # past a first token: the weights may move to 2 MiB pages
         if rest:
             chunks = [batch.chunks[i] for i in rest]
-            logits = self.model.forward_chunks([(c.request.seq, c.tokens) for c in chunks])
-            for row, i in enumerate(rest):
-                if batch.chunks[i].samples:
-                    out[i] = logits[row]
+            rows, sample_at = _logit_rows(chunks)
+            logits = self.model.forward_chunks([(c.request.seq, c.tokens) for c in chunks], rows)
+            for c, i, at in zip(chunks, rest, sample_at):
+                if c.samples:
+                    out[i] = logits[at]
+                if c.score_rows is not None:
+                    lo, hi = c.score_rows
+                    c.scored_logits = logits[lo:hi]
         if decode:
             seqs = [batch.chunks[i].request.seq for i in decode]
             logits = self.executor.step(seqs, [batch.chunks[i].tokens[0] for i in decode])
@@ -97,3 +102,27 @@ class ModelRunner:
         if self.executor is not None:
             self.executor.close()
             self.executor = None
+
+
+def _logit_rows(chunks) -> tuple[np.ndarray | None, list[int]]:
+    """The rows of one batched pass whose logits are needed: each chunk's last row (the
+    sampling row, when it samples) and the prompt rows a scoring request asks for.  Returns
+    the row indices  # [R] (None when no chunk scores: the last rows only) and, per chunk,
+    the index of its last row among them; sets each scoring chunk's ``score_rows``."""
+    if all(c.request.score_from is None for c in chunks):
+        return None, list(range(len(chunks)))
+    rows: list[int] = []
+    last_at = []
+    r0 = 0
+    for c in chunks:
+        n = len(c.tokens)
+        first, end = c.score_first, min(c.start + n, c.request.n_prompt)  # scored: positions first .. end - 1
+        if first is not None:
+            lo = len(rows)
+            rows.extend(range(r0 + first - c.start, r0 + end - c.start))
+            c.score_rows = (lo, len(rows))
+        if first is None or end < c.start + n:
+            rows.append(r0 + n - 1)
+        last_at.append(len(rows) - 1)
+        r0 += n
+    return np.asarray(rows, np.int64), last_at

@@ -29,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..errors import OutOfMemoryError
 from ..kv import KVPool, PagedSequence
 from .request import Request, State
@@ -36,11 +38,24 @@ from .request import Request, State
 
 @dataclass
 class Chunk:
-    """Tokens of one request to run this step, at positions start .. start + len - 1."""
+    """Tokens of one request to run this step, at positions start .. start + len - 1.
+    ``score_rows`` / ``scored_logits``: set by the runner for a chunk whose prompt rows are
+    scored (its rows' place among the pass's logit rows, then their logits
+    # [n, vocab] for positions score_first .. start + len - 1)."""
 
     request: Request
     start: int
     tokens: list[int]
+    score_rows: tuple[int, int] | None = None
+    scored_logits: np.ndarray | None = None
+
+    @property
+    def score_first(self) -> int | None:
+        """The first position of this chunk whose logits its request scores (None: none)."""
+        s = self.request.score_from
+        if s is None or self.start + len(self.tokens) <= s or self.start >= self.request.n_prompt:
+            return None
+        return max(self.start, s)
 
     @property
     def samples(self) -> bool:
@@ -186,6 +201,8 @@ class Scheduler:
         first chunk; returns the chunk's length, 0 when the pool has no room for it yet."""
         seq = self.new_sequence(f"request {req.id}")
         limit = len(req.tokens) - 1  # at least one token runs: its logits give the next
+        if req.score_from is not None:
+            limit = min(limit, req.score_from)  # scored positions are computed, never adopted
         shared = seq.adopt_prefix(req.tokens, limit)
         kept = self.retained
         if kept is not None:

@@ -90,17 +90,20 @@ class Transformer:
     def forward(self, tokens, cache: PagedSequence, all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` at positions cache.n_tokens ... of one sequence (``forward_chunks``);
         logits # [M, vocab] if all_logits else [vocab] for the last token."""
-        logits = self.forward_chunks([(cache, tokens)], all_logits=all_logits)
+        rows = np.arange(len(tokens)) if all_logits else None
+        logits = self.forward_chunks([(cache, tokens)], logit_rows=rows)
         return logits if all_logits else logits[0]
 
-    def forward_chunks(self, chunks: list[tuple[PagedSequence, list[int]]], all_logits: bool = False) -> np.ndarray:
+    def forward_chunks(self, chunks: list[tuple[PagedSequence, list[int]]],
+                       logit_rows: np.ndarray | None = None) -> np.ndarray:
         """Run each chunk's tokens at positions seq.n_tokens ... of its sequence and append
         their K/V to it, all chunks in one pass: the matmuls take the rows of every chunk
         at once, rope works per row, KV append and attention per chunk.
 
-        Returns logits # [n_chunks, vocab] of each chunk's last token, or # [rows, vocab]
-        of every row with ``all_logits``.  A row's result depends on that row alone (its
-        token, position and sequence), not on the other rows.
+        Returns logits # [n_chunks, vocab] of each chunk's last token, or # [R, vocab] of
+        the rows ``logit_rows``  # [R] (indices into the pass's rows, chunk after chunk).  A
+        row's result depends on that row alone (its token, position and sequence), not on
+        the other rows.
         """
         c, w = self.config, self.weights
         ids = [np.asarray(t, dtype=np.int64).reshape(-1) for _, t in chunks]
@@ -111,6 +114,9 @@ class Transformer:
         for i in ids:
             if i.min() < 0 or i.max() >= c.vocab_size:
                 raise ValueError(f"token id out of range [0, {c.vocab_size})")
+        n_rows = sum(i.size for i in ids)
+        if logit_rows is not None and len(logit_rows) and (min(logit_rows) < 0 or max(logit_rows) >= n_rows):
+            raise ValueError(f"logit rows out of range [0, {n_rows})")
         pool = chunks[0][0].pool
         if any(seq.pool is not pool for seq, _ in chunks):
             raise ValueError("forward: every sequence must live in one KV pool")
@@ -153,6 +159,6 @@ class Transformer:
             x += lw.w_down(gate, llama_rounding=rnd)
         for (seq, _), i in zip(chunks, ids):
             seq.finish(i)  # n_tokens += rows; full blocks indexed for prefix sharing
-        rows = x if all_logits else x[ends - 1]
+        rows = x[ends - 1] if logit_rows is None else x[np.asarray(logit_rows, np.int64)]
         K.rms_norm(rows, w.output_norm, c.rms_eps, rows)
         return w.output(np.ascontiguousarray(rows), llama_rounding=rnd)  # [n_chunks or M, vocab]

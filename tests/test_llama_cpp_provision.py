@@ -166,7 +166,7 @@ def test_generator_tool(tmp_path):
     assert lc.generator_tool(_fake_source(tmp_path / "old", completion=False)) == "llama-cli"
     assert lc.tools_for(tmp_path / "new") == ("llama-bench", "llama-completion", "llama-tokenize",
                                               "llama-batched-bench", "llama-speculative-simple",
-                                              "llama-server")
+                                              "llama-server", "llama-perplexity")
 
 
 def test_find_source_env_override(home, tmp_path, monkeypatch):
@@ -293,7 +293,7 @@ def test_build_copies_binaries_only_after_success(home, tmp_path, monkeypatch):
     assert lc.available_configs() == ["portable"]
     assert (lc.config_dir("portable") / "build-info.json").is_file()
     assert not list(out.glob(".*.tmp"))
-    for tool in ("llama-bench", "llama-batched-bench", "llama-speculative-simple", "llama-server"):
+    for tool in ("llama-bench", "llama-batched-bench", "llama-speculative-simple", "llama-server", "llama-perplexity"):
         assert (out / tool).is_file()
 
 

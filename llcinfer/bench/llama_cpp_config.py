@@ -25,8 +25,8 @@ SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 CONFIGS = ("native", "portable")
 #: tools built in every configuration; the text generator is resolved per source tree
 BASE_TOOLS = ("llama-bench", "llama-tokenize")
-#: built beside them for the other comparisons (batched and speculative decoding, serving)
-COMPARISON_TOOLS = ("llama-batched-bench", "llama-speculative-simple", "llama-server")
+#: built beside them for the other comparisons (batched and speculative decoding, serving, perplexity)
+COMPARISON_TOOLS = ("llama-batched-bench", "llama-speculative-simple", "llama-server", "llama-perplexity")
 
 #: options common to every configuration: offline, static, only what we need
 COMMON_CMAKE_OPTIONS: dict[str, str] = {

@@ -29,6 +29,7 @@ def _register():
     from .plan import plan
     from .serve import serve
     from .run import run
+    from .perplexity import perplexity
 
     cli.add_command(generate)
     cli.add_command(chat)
@@ -37,6 +38,7 @@ def _register():
     cli.add_command(plan)
     cli.add_command(serve)
     cli.add_command(run)
+    cli.add_command(perplexity)
 
 
 def main(argv=None):

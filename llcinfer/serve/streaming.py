@@ -173,13 +173,18 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+class Preamble(str):
+    """An event sent before any generated text (a chat stream's role chunks): a relay may
+    hold it back and still retry the request elsewhere."""
+
+
 async def sse(run: Run, gen: Generation, shape: Shape) -> AsyncIterator[str]:
     """The server-sent events of a streamed request, ``data: [DONE]`` last; an error after
     the stream started is sent as an ``{"error": ...}`` event (vLLM's way)."""
     try:
         if gen.kind == "chat":
             for i in range(gen.n):
-                yield _data(shape.chunk(i, text="", role=True))
+                yield Preamble(_data(shape.chunk(i, text="", role=True)))
         async for i, piece in run.events():
             if piece is None:
                 c = run.handles[i].result()
@@ -203,12 +208,12 @@ async def sse(run: Run, gen: Generation, shape: Shape) -> AsyncIterator[str]:
 
 class EventStream(StreamingResponse):
     """A ``text/event-stream`` response that closes its run however it ends (done, client
-    gone, server shutting down)."""
+    gone, server shutting down).  A relay that reads ``body_iterator`` itself closes ``run``."""
 
     def __init__(self, run: Run, body: AsyncIterator[str]):
         super().__init__(body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._run = run
+        self.run = run
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -216,4 +221,4 @@ class EventStream(StreamingResponse):
         except ClientDisconnect:
             pass
         finally:
-            self._run.close()
+            self.run.close()

@@ -162,14 +162,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(name: str, model: str, threads: int, concurrency: int, ctx: int, log: Path, llama: tuple) -> tuple:
+def start(name: str, model: str, threads: int, concurrency: int, ctx: int, log: Path, llama: tuple,
+          ours: tuple = ()) -> tuple:
     """(process, base URL) of a server with ``concurrency`` slots, once /health answers;
     RuntimeError when it exits or does not answer within 10 minutes.  ``llama``: the
-    llama.cpp build config and extra llama-server arguments."""
+    llama.cpp build config and extra llama-server arguments; ``ours``: extra ``llcinfer
+    serve`` arguments (``--ray --replicas 2``)."""
     port = _free_port()
     if name == "llcinfer":
         cmd = [sys.executable, "-c", "from llcinfer.cli import main; main()", "serve", "-m", model, "-t",
-               str(threads), "-c", str(ctx), "--parallel", str(concurrency), "--port", str(port)]
+               str(threads), "-c", str(ctx), "--parallel", str(concurrency), "--port", str(port), *ours]
         env = None
     else:
         config, extra = llama
@@ -208,7 +210,10 @@ def kv_in_use(base: str) -> float:
     deadline = time.monotonic() + 10
     while True:
         text = httpx.get(base + "/metrics", timeout=10).text
-        got = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+        got: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:  # summed over labels: the replicas of `serve --ray` are labelled apart
+                got[s.name] = got.get(s.name, 0.0) + s.value
         if got["llcinfer_requests_in_flight"] == 0 or time.monotonic() > deadline:
             return got["llcinfer_kv_blocks_in_use"]
         time.sleep(0.1)

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llcinfer"
 # top to bottom; a room is a subpackage or a list of top-level modules
 LAYERS = [
     ["cli"],
+    ["ray_serve"],
     ["serve"],
     ["controllers"],
     ["bench"],

@@ -302,3 +302,51 @@ def test_cli_plan_errors(capsys, tmp_path):
     assert code == 2 and "shipped topology" in err
     code, _, err = run_cli(capsys, "--topology", "ci-2core", "--ctx", "0")
     assert code == 2 and err.startswith("error:")
+
+
+# ---------------------------------------------------------------------------------------
+# replicas
+
+
+def test_replica_core_sets_follow_llc_instances_and_nodes():
+    from llcinfer.planner.replicas import replica_core_sets
+
+    epyc = load_topology("epyc-9684x")
+    auto = replica_core_sets(epyc, "auto")
+    assert len(auto) == 12 and all(len(s) == 8 for s in auto) and auto[1] == list(range(8, 16))
+    assert replica_core_sets(epyc, 3) == [list(range(i * 32, (i + 1) * 32)) for i in range(3)]  # 4 CCDs each
+    assert [len(s) for s in replica_core_sets(epyc, 24)] == [4] * 24  # more replicas than CCDs: split cores
+    ci = load_topology("ci-2core")
+    assert replica_core_sets(ci, "auto") == [ci.physical_cores()]  # one LLC, one node: one replica
+    assert replica_core_sets(ci, 2) == [[c] for c in ci.physical_cores()]
+    for bad in (0, -1, "x", 1.5, True):
+        with pytest.raises(UsageError):
+            replica_core_sets(ci, bad)
+    with pytest.raises(UsageError, match="at least 3 cores"):
+        replica_core_sets(ci, 3)
+
+
+def test_restricted_machine_and_replica_plans():
+    from llcinfer.planner.replicas import plan_replicas
+
+    epyc = load_topology("epyc-9684x")
+    ccd = epyc.restricted(range(8, 16))
+    assert ccd.cpus == list(range(8, 16)) and len(ccd.llc.instances) == 1 and ccd.numa == {0: list(range(8, 16))}
+    rp = plan_replicas(epyc, workload_from_gguf(real_model_path("smollm2-135m"), ctx=4096), "auto")
+    assert len(rp.plans) == 12 and all(p.cores == s for p, s in zip(rp.plans, rp.core_sets))
+    assert rp.throughput == pytest.approx(12 / rp.tpot_s(0)) and rp.single.concurrency == 12
+    assert "replicas: 12 x 8 cores (one per LLC instance)" in rp.explain()
+    d = rp.to_dict()
+    assert d["replicas"] == 12 and d["core_sets"][0] == "0-7" and d["throughput_tok_s"] > 0
+
+
+def test_cli_plan_shows_replicas(capsys):
+    smol = real_model_path("smollm2-135m")
+    code, out, err = run_cli(capsys, "-m", smol, "--topology", "epyc-9684x")
+    assert code == 0 and "replicas: 12 x 8 cores" in out and "predicted throughput" in out, err
+    code, out, err = run_cli(capsys, "-m", smol, "--topology", "ci-2core")
+    assert code == 0 and "replicas:" not in out  # auto is one replica there: nothing to add
+    code, out, err = run_cli(capsys, "-m", smol, "--topology", "ci-2core", "--replicas", "2", "--json")
+    assert code == 0 and json.loads(out)["replicas"]["core_sets"] == ["0", "1"]
+    code, _, err = run_cli(capsys, "-m", smol, "--topology", "ci-2core", "--replicas", "many")
+    assert code == 2 and err.startswith("error: replicas must be") and err.count("\n") == 1

@@ -6,6 +6,8 @@ are refused; bad --controller values fail before the port is bound."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -141,3 +143,6 @@ def test_serve_refuses_bad_controllers_before_listening(tmp_path):
     bad.write_text("type: majority_vote\nn: 0\nextract: '(x)'\nchild: {type: generate}\n")
     assert_one_error_line(run_cli("serve", "--controller", f"v={bad}"), 2, "controller.n")
     assert_one_error_line(run_cli("serve", "--controller", f"v={tmp_path / 'none.yaml'}"), 2, "cannot read")
+    good = tmp_path / "vote.json"
+    good.write_text(json.dumps(VOTE))
+    assert_one_error_line(run_cli("serve", "--ray", "--controller", f"v={good}"), 2, "not served on --ray")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ..errors import UsageError
@@ -22,16 +24,21 @@ from ..errors import UsageError
 @click.option("--probe/--no-probe", default=True, show_default=True,
               help="Measure this machine's read bandwidth if not cached (a few seconds, once).")
 @click.option("--reprobe", is_flag=True, help="Measure the read bandwidth again and replace the cached curve.")
+@click.option("--replicas", default=None,
+              help="Also plan N model replicas (or 'auto': one per LLC instance / NUMA node), --concurrency "
+                   "sequences each; shown by default when auto gives more than one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, as_json):
+def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, replicas, as_json):
     """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why."""
     from ..model import catalog
     from ..planner import detect_machine, load_topology, make_plan, workload_from_gguf
     from ..hw.bandwidth import curve_path, probe_curve, save_curve
+    from ..planner.replicas import parse_replicas, plan_replicas, replica_core_sets
     from ..planner.workload import KV_ITEMSIZE
 
     if ctx < 1 or concurrency < 1:
         raise UsageError(f"--ctx and --concurrency must be at least 1 (got {ctx}, {concurrency})")
+    asked = None if replicas is None else parse_replicas(replicas)
     if topology is not None:
         machine = load_topology(topology)
     else:
@@ -45,9 +52,16 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     work = workload_from_gguf(path, ctx=ctx, concurrency=concurrency, kv_itemsize=KV_ITEMSIZE[kv_type],
                               name=model if model and not str(model).endswith(".gguf") else None)
     best = make_plan(machine, work, threads=threads, sync=sync)
+    shown = asked if asked is not None else ("auto" if len(replica_core_sets(machine, "auto")) > 1 else None)
+    rp = None if shown is None else plan_replicas(machine, work, shown, sync=sync)
     if as_json:
-        click.echo(best.to_json())
+        d = best.to_dict()
+        if asked is not None:
+            d["replicas"] = rp.to_dict()
+        click.echo(json.dumps(d, indent=1))
         return
     click.echo(best.explain())
+    if rp is not None:
+        click.echo("\n" + rp.explain())
     if machine.bandwidth_source == "estimated":
         click.echo("note: bandwidth curve estimated, not measured", err=True)

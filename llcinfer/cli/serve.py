@@ -81,8 +81,12 @@ def _log_config() -> dict:
 @click.option("--controller", "controller_specs", multiple=True,
               help="ID=FILE: serve the controller tree of FILE (YAML or JSON) as model ID (repeatable).")
 @ref_option
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Serve replicas on Ray Serve, each pinned to its planner core set (the 'ray' extra).")
+@click.option("--replicas", default="auto", show_default=True,
+              help="With --ray: replicas, or 'auto' (one per LLC instance / NUMA node); -t is per replica.")
 def serve(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, api_key, parallel, max_queue,
-          timeout_s, max_body_kb, controller_specs, refs):
+          timeout_s, max_body_kb, controller_specs, refs, use_ray, replicas):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics)."""
     if not 0 <= port <= 65535:
@@ -92,6 +96,11 @@ def serve(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, ap
     if max_queue < 0 or timeout_s < 0 or max_body_kb < 1:
         raise UsageError("--max-queue and --timeout must be >= 0, --max-body-kb >= 1")
     controllers = _controllers(controller_specs, import_refs(refs))
+    if use_ray:
+        if controllers:
+            raise UsageError("--controller is not served on --ray replicas yet; serve controllers without --ray")
+        return _serve_on_ray(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, api_key, parallel,
+                             max_queue, timeout_s, max_body_kb, replicas)
     sock = _listen(host, port)
     import uvicorn
 
@@ -118,4 +127,27 @@ def serve(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, ap
             pass  # uvicorn drained the requests in flight, then passed the signal on
     finally:
         llm.close()
+    click.echo("stopped", err=True)
+
+
+def _serve_on_ray(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, host, port, api_key, parallel, max_queue,
+                  timeout_s, max_body_kb, replicas):
+    """``serve --ray``: the replicas on a local Ray cluster (or RAY_ADDRESS's), Serve's proxy
+    on host:port."""
+    from ..planner.replicas import parse_replicas
+    from ..ray_serve import deployment, replica_cores, require_ray, serve_until_interrupted
+
+    require_ray()
+    parse_replicas(replicas)
+    _listen(host, port).close()  # a port in use fails now, not after the replicas load
+    sets = replica_cores(replicas, threads)
+    app = deployment(model, core_sets=sets, parallel=parallel, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
+                     kv_budget_mb=kv_budget_mb, api_key=api_key, max_queue=max_queue, request_timeout_s=timeout_s,
+                     max_body_bytes=max_body_kb << 10)
+    if api_key is None and not _is_loopback(host):
+        click.echo(f"warning: listening on {host} without --api-key: anyone who reaches the port may use it", err=True)
+    cores = "; ".join(",".join(map(str, s)) for s in sets)
+    serve_until_interrupted(app, host, port, lambda url: click.echo(
+        f"serving on Ray Serve: {len(sets)} replica{'s' if len(sets) > 1 else ''} (cores {cores}), parallel "
+        f"{parallel} each, on {url}/v1", err=True))
     click.echo("stopped", err=True)

@@ -122,6 +122,21 @@ class Machine:
     def node_of(self, cpu: int) -> int:
         return self._node_index.get(cpu, 0)
 
+    def restricted(self, cpus) -> "Machine":
+        """This machine seen from ``cpus`` alone (a replica's core set): the same caches,
+        instances and NUMA nodes cut down to those CPUs, the same bandwidth curve."""
+        keep = set(cpus) & set(self.cpus)
+        if not keep:
+            raise ValueError("restricted(): none of these CPUs belong to the machine")
+        caches = [CacheLevel(c.level, c.size_bytes, [[x for x in i if x in keep] for i in c.instances
+                                                     if any(x in keep for x in i)]) for c in self.caches]
+        numa = {n: [c for c in v if c in keep] for n, v in self.numa.items() if any(c in keep for c in v)}
+        return Machine(name=self.name, cpu_model=self.cpu_model, cpus=sorted(keep),
+                       core_of={c: k for c, k in self.core_of.items() if c in keep},
+                       package_of={c: p for c, p in self.package_of.items() if c in keep}, caches=caches,
+                       numa=numa, bandwidth=list(self.bandwidth), isa=list(self.isa), source=self.source,
+                       bandwidth_source=self.bandwidth_source, notes=self.notes)
+
     def key(self) -> str:
         """Cache key: CPU model, core count and cache sizes (not the curve)."""
         sig = "|".join([self.cpu_model, str(len(self.cpus)), str(len(self.physical_cores()))]

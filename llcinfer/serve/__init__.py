@@ -10,6 +10,6 @@ bodies; responses.py writes the OpenAI objects; streaming.py carries the engine'
 the event loop (server-sent events, cancellation, timeouts); metrics.py is /metrics.
 """
 
-from .app import create_app
+from .app import Server, create_app, create_server
 
-__all__ = ["create_app"]
+__all__ = ["Server", "create_app", "create_server"]

@@ -50,8 +50,40 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-class _Server:
-    """What the routes share: the model, the admission count, the metrics."""
+def authorize(request: Request, api_key: str | None) -> None:
+    """Raise a 401 ``APIError`` unless ``request`` carries ``Authorization: Bearer api_key``
+    (nothing to check when ``api_key`` is None)."""
+    if api_key is None:
+        return
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
+        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                       type="authentication_error", code="invalid_api_key")
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The request's body as a JSON object: 413 past ``limit`` bytes, 400 when it is not one."""
+    too_big = APIError(413, f"request body larger than {limit} bytes", code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return data
+
+
+class Server:
+    """What the routes share: the model, the admission count, the metrics (``create_app``
+    builds one; a Ray replica holds one to answer request bodies with ``respond``)."""
 
     def __init__(self, llm: LLM, model_name: str, controllers: list[ServedController], api_key: str | None,
                  max_queue: int, timeout_s: float | None, max_body_bytes: int):
@@ -68,34 +100,13 @@ class _Server:
 
     # ------------------------------------------------------------------ checks
     def authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                           type="authentication_error", code="invalid_api_key")
+        authorize(request, self.api_key)
 
     async def read_json(self, request: Request) -> dict:
-        limit = self.max_body_bytes
-        too_big = APIError(413, f"request body larger than {limit} bytes", code="request_too_large")
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit:
-            raise too_big
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_big
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise APIError(400, "request body must be a JSON object", code="invalid_json")
-        return data
+        return await read_json(request, self.max_body_bytes)
 
     # ------------------------------------------------------------------ generation
-    def admit(self, gen: Generation, n: int, submit) -> tuple:
+    def admit(self, gen: Generation, n: int, submit):
         """``submit()`` for a request of ``n`` sequences, if they fit beside those in flight."""
         if self.in_flight + n > self.capacity:
             raise APIError(429, f"the server is full ({self.in_flight} sequences in flight, at most "
@@ -124,6 +135,16 @@ class _Server:
         try:
             self.authorize(request)
             body = await self.read_json(request)
+        except APIError:
+            self.metrics.finished(endpoint, "invalid", [])
+            raise
+        return await self.respond(kind, endpoint, body, request.receive)
+
+    async def respond(self, kind: str, endpoint: str, body: dict, receive) -> Response:
+        """The response to a checked-out request body: a JSON response, or an
+        ``EventStream`` (whose ``run`` ends when it is closed).  ``receive`` is the ASGI
+        channel whose ``http.disconnect`` cancels a whole (not streamed) response."""
+        try:
             served = self.controllers.get(body.get("model"))
             if served is not None:
                 served_controllers.check_request(body, served.name)
@@ -144,15 +165,15 @@ class _Server:
                 guarded_sse(run, served_controllers.chunks(run, gen, shape, served, wait))
             return EventStream(run, chunks)
         try:
-            done = await run.collect(request.receive)
+            done = await run.collect(receive)
             if served is None:
-                body = shape.response(done)
+                out = shape.response(done)
             else:
                 outcome = await served_controllers.choose(wait)
-                body = shape.response([served_controllers.as_completion(outcome)], counted=done)
-                body["controller"] = served_controllers.summary(served, outcome)
+                out = shape.response([served_controllers.as_completion(outcome)], counted=done)
+                out["controller"] = served_controllers.summary(served, outcome)
             run.outcome = "ok"
-            return JSONResponse(body)
+            return JSONResponse(out)
         finally:
             run.close()
 
@@ -164,7 +185,7 @@ class _Server:
         return card
 
 
-def _route(handler):
+def guarded(handler):
     """An endpoint whose every failure is an OpenAI error object."""
 
     async def run(request: Request) -> Response:
@@ -181,6 +202,33 @@ def _route(handler):
     return run
 
 
+def create_server(llm: LLM, *, model_name: str | None = None, controllers: list[ServedController] = (),
+                  api_key: str | None = None,
+                  max_queue: int = DEFAULT_MAX_QUEUE, request_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Server:
+    """The checked settings of ``create_app`` as a ``Server`` on ``llm``, whose engine
+    thread it starts."""
+    if not isinstance(max_queue, int) or max_queue < 0:
+        raise UsageError(f"max_queue must be a non-negative integer (got {max_queue!r})")
+    if request_timeout_s is not None and not request_timeout_s >= 0:
+        raise UsageError(f"request_timeout_s must be >= 0 (got {request_timeout_s!r})")
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise UsageError(f"max_body_bytes must be a positive integer (got {max_body_bytes!r})")
+    model_name = model_name or llm.model_path.stem
+    ids = [model_name] + [c.name for c in controllers]
+    for c in controllers:
+        if ids.count(c.name) != 1:
+            raise UsageError(f"controller id '{c.name}' is given twice or is the model's own id")
+    server = Server(llm, model_name, list(controllers), api_key, max_queue, request_timeout_s or None,
+                    max_body_bytes)
+    for c in controllers:
+        if c.tree.n_leaves > server.capacity:
+            raise UsageError(f"controller '{c.name}' runs {c.tree.n_leaves} generations at once, more than the "
+                             f"server admits ({server.parallel} parallel + {max_queue} queued)")
+    llm.start()
+    return server
+
+
 def create_app(llm: LLM, *, model_name: str | None = None, controllers: list[ServedController] = (),
                api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout_s: float | None = DEFAULT_TIMEOUT_S,
@@ -193,24 +241,8 @@ def create_app(llm: LLM, *, model_name: str | None = None, controllers: list[Ser
     KEY`` on /v1/; ``controllers``: controller trees served under their own ids (one
     run's leaves must fit in ``parallel + max_queue``); ``max_queue``: sequences that may wait beyond the engine's
     concurrency before 429; ``request_timeout_s``: None or 0 for no limit."""
-    if not isinstance(max_queue, int) or max_queue < 0:
-        raise UsageError(f"max_queue must be a non-negative integer (got {max_queue!r})")
-    if request_timeout_s is not None and not request_timeout_s >= 0:
-        raise UsageError(f"request_timeout_s must be >= 0 (got {request_timeout_s!r})")
-    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-        raise UsageError(f"max_body_bytes must be a positive integer (got {max_body_bytes!r})")
-    model_name = model_name or llm.model_path.stem
-    ids = [model_name] + [c.name for c in controllers]
-    for c in controllers:
-        if ids.count(c.name) != 1:
-            raise UsageError(f"controller id '{c.name}' is given twice or is the model's own id")
-    server = _Server(llm, model_name, list(controllers), api_key, max_queue, request_timeout_s or None,
-                     max_body_bytes)
-    for c in controllers:
-        if c.tree.n_leaves > server.capacity:
-            raise UsageError(f"controller '{c.name}' runs {c.tree.n_leaves} generations at once, more than the "
-                             f"server admits ({server.parallel} parallel + {max_queue} queued)")
-    llm.start()
+    server = create_server(llm, model_name=model_name, controllers=controllers, api_key=api_key, max_queue=max_queue,
+                           request_timeout_s=request_timeout_s, max_body_bytes=max_body_bytes)
 
     async def chat(request: Request) -> Response:
         return await server.generate(request, "chat", "chat")
@@ -242,11 +274,11 @@ def create_app(llm: LLM, *, model_name: str | None = None, controllers: list[Ser
                                        type=kind, code=None))
 
     routes = [
-        Route("/v1/chat/completions", _route(chat), methods=["POST"]),
-        Route("/v1/completions", _route(completions), methods=["POST"]),
-        Route("/v1/models", _route(models), methods=["GET"]),
-        Route("/v1/models/{model:path}", _route(model), methods=["GET"]),
-        Route("/health", _route(health), methods=["GET"]),
-        Route("/metrics", _route(metrics), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{model:path}", guarded(model), methods=["GET"]),
+        Route("/health", guarded(health), methods=["GET"]),
+        Route("/metrics", guarded(metrics), methods=["GET"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

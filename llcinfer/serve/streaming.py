@@ -173,12 +173,23 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+class Preamble(str):
+    """An event sent before any generated text (a chat stream's role chunks): a relay may
+    hold it back and still retry the request elsewhere."""
+
+
+def role_chunks(gen: Generation, shape: Shape, n: int):
+    """A chat stream's first events: the role of each choice (nothing for completions)."""
+    if gen.kind == "chat":
+        for i in range(n):
+            yield Preamble(_data(shape.chunk(i, text="", role=True)))
+
+
 def sse(run: Run, gen: Generation, shape: Shape) -> AsyncIterator[str]:
     """The server-sent events of a streamed request."""
     async def chunks():
-        if gen.kind == "chat":
-            for i in range(gen.n):
-                yield shape.chunk(i, text="", role=True)
+        for event in role_chunks(gen, shape, gen.n):
+            yield event
         async for i, piece in run.events():
             if piece is None:
                 c = run.handles[i].result()
@@ -194,12 +205,13 @@ def sse(run: Run, gen: Generation, shape: Shape) -> AsyncIterator[str]:
     return guarded_sse(run, chunks())
 
 
-async def guarded_sse(run: Run, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
-    """``chunks`` as server-sent events, ``data: [DONE]`` last; an error after the stream
-    started is sent as an ``{"error": ...}`` event (vLLM's way)."""
+async def guarded_sse(run: Run, chunks: AsyncIterator) -> AsyncIterator[str]:
+    """``chunks`` (objects, or events already written: ``Preamble``) as server-sent events,
+    ``data: [DONE]`` last; an error after the stream started is sent as an ``{"error": ...}``
+    event (vLLM's way)."""
     try:
         async for obj in chunks:
-            yield _data(obj)
+            yield obj if isinstance(obj, Preamble) else _data(obj)
         run.outcome = "ok"
     except APIError as e:
         yield _data(e.body())
@@ -212,12 +224,12 @@ async def guarded_sse(run: Run, chunks: AsyncIterator[dict]) -> AsyncIterator[st
 
 class EventStream(StreamingResponse):
     """A ``text/event-stream`` response that closes its run however it ends (done, client
-    gone, server shutting down)."""
+    gone, server shutting down).  A relay that reads ``body_iterator`` itself closes ``run``."""
 
     def __init__(self, run: Run, body: AsyncIterator[str]):
         super().__init__(body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._run = run
+        self.run = run
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -225,4 +237,4 @@ class EventStream(StreamingResponse):
         except ClientDisconnect:
             pass
         finally:
-            self._run.close()
+            self.run.close()

@@ -24,7 +24,8 @@ from ..errors import UsageError
 @click.option("--reprobe", is_flag=True, help="Measure the read bandwidth again and replace the cached curve.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, as_json):
-    """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why."""
+    """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why, and
+    the TPOT observed where the plan was measured here."""
     from ..model import catalog
     from ..planner import detect_machine, load_topology, make_plan, workload_from_gguf
     from ..hw.bandwidth import curve_path, probe_curve, save_curve
@@ -51,3 +52,13 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     click.echo(best.explain())
     if machine.bandwidth_source == "estimated":
         click.echo("note: bandwidth curve estimated, not measured", err=True)
+    if topology is None and not _kernels_measured(machine, work):
+        click.echo("note: this machine's kernel rates for this model are not measured yet (the first LLM "
+                   "load or `llcinfer run` measures them); defaults used", err=True)
+
+
+def _kernels_measured(machine, work) -> bool:
+    from ..planner import Calibration, cache_key
+
+    cal = Calibration.load(cache_key(machine))
+    return set(work.qtypes.values()) <= set(cal.matmul_stream_gbs)

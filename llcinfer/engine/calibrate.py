@@ -25,7 +25,7 @@ import numpy as np
 from ..executor import DecodeExecutor, Domains
 from ..hw.bandwidth import probe_curve, save_curve
 from ..hw.machine import Machine
-from ..jit import set_threads
+from ..kernels import set_threads
 from ..kernels.act_quant import quantize_activations_int
 from ..kernels.paged_attention import paged_attention
 from ..kernels.simd import make_tag
@@ -158,18 +158,19 @@ def _matrices(model) -> list:
     return [x for x in lins if x.simd]
 
 
-def _tables(lins, M: int, rng):
-    """(mats [n, 5], acts [a, 4], the arrays they point into, y) for vnni_matmul_table."""
+def _tables(lins, M: int, rng, packs=None):
+    """(mats [n, 5], acts [a, 4], the arrays they point into, y) for vnni_matmul_table over
+    the packed weights of ``lins`` (or ``packs``, one array per lin)."""
     keep, acts, act_index = [], [], {}
     rows = []
-    for lin in lins:
+    for i, lin in enumerate(lins):
         k = (lin.cols, lin.act_kind)
         if k not in act_index:
             q, d, s = quantize_activations_int(rng.standard_normal((M, lin.cols)).astype(np.float32), lin.act_kind)
             keep += [q, d, s]
             act_index[k] = len(acts)
             acts.append([q.ctypes.data, d.ctypes.data, s.ctypes.data, lin.cols])
-        p = lin.prepare()
+        p = lin.prepare() if packs is None else packs[i]
         rows.append([p.ctypes.data, p.shape[0], p.strides[0], int(lin.qtype), act_index[k]])
         keep.append(p)
     ny = max(r[1] for r in rows) * 16  # at most 16 lanes per group
@@ -179,13 +180,16 @@ def _tables(lins, M: int, rng):
 
 def _matmul(cal: Calibration, lins, counts: list[int], llc: int) -> str:
     """Unpack / MAC rates per core from an L2-sized slice at 1 and 4 rows; streamed GB/s per
-    core count over all matrices of the type (repeated to several times the LLC)."""
+    core count over all matrices of the type (when they are fewer bytes than several times
+    the LLC, over that many bytes of copies of them: a set that fits would be read from it)."""
     qt = lins[0].qtype.name
     tag = make_tag(lins[0].isa)
     rng = np.random.default_rng(0)
     nbytes = sum(x.prepare().nbytes for x in lins)
-    reps = max(1, -(-STREAM_MIN_BYTES * llc // nbytes))
-    mats, acts, keep, y = _tables(lins * reps, 1, rng)
+    reps = -(-STREAM_MIN_BYTES * llc // nbytes)
+    packs = None if reps <= 1 else [np.array(x.prepare()) for _ in range(reps) for x in lins]  # distinct memory
+    mats, acts, keep, y = _tables(lins * max(1, reps), 1, rng, packs)
+    reps = max(1, reps)
     set_threads(1)
     # one matrix's first groups, about 512 KiB: stays in L2
     first = mats[:1].copy()

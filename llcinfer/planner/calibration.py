@@ -17,9 +17,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from .. import paths
+from .. import jit, paths
 from ..hw.machine import Machine
-from ..jit import kernel_version
 
 FEEDBACK_WINDOW = 16  # observations per plan shape the correction is the median of
 
@@ -55,7 +54,7 @@ class Calibration:
     """added per producer core of the largest LLC group plus per LLC group (hierarchical
     counters: the increments to one cache line serialise), in ns."""
     barrier_ns: float = 9000.0
-    """one barrier (a numba/OpenMP parallel region) within one LLC, in ns (measured 8.8 us
+    """one barrier (a thread-pool parallel region, OpenMP) within one LLC, in ns (measured 8.8 us
     median on the 2-core development machine, kernels/jit.py)."""
     barrier_cross_llc_ns: float = 12000.0
     """one barrier spanning several LLC instances, in ns."""
@@ -213,7 +212,7 @@ class Calibration:
 
 def cache_key(m: Machine) -> str:
     """The calibration's cache key: machine identity and kernel version."""
-    return f"{m.key()}-k{kernel_version()}"
+    return f"{m.key()}-k{jit.kernel_version()}"
 
 
 def _median(xs: list[float]) -> float:

@@ -249,7 +249,8 @@ def _cli(*args, **env):
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
 
 
-@pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"]])
+@pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"],
+                                  ["--ctx", "100", "-p", "512"]])
 def test_cli_usage_errors(args):
     r = _cli("bench", *args)
     assert r.returncode == 2, r.stderr
@@ -274,6 +275,9 @@ def test_cli_quick_real_run(tmp_path):
     tests = [(x["engine"], x["test"], x["status"]) for x in doc["results"]]
     assert ("llcinfer", "pp16", "ok") in tests and ("llcinfer", "tg8 @ d32", "ok") in tests
     assert "| smollm2-135m | tg8 @ d32 | 1 |" in r.stdout
+    ours = [x for x in doc["results"] if x["engine"] == "llcinfer"]
+    assert all(x["n_ctx"] == 8192 and x["plan"] for x in ours), "planned for the model's context, not d + n"
+    assert f"plan (smollm2-135m, 1 threads, n_ctx 8192): {ours[0]['plan']}" in r.stdout
 
 
 # ------------------------------------------------------------------ real llama.cpp

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ..model import catalog
 from . import llama_bench
-from ..errors import UsageError
 from .ours import OursBench, default_ctx
 from ..hw.probe import ReadProbe
 from .report import LLAMA, OURS, Record, mark_anchors
@@ -49,6 +48,10 @@ class BenchSettings:
     fill_limit_s: float = 1200.0
     llama_timeout_s: float = 3600.0
     n_ctx: int | None = None  # our context (None: LLM's default, the model's training context)
+
+    def ctx_needed(self) -> int:
+        """Tokens the deepest test holds (plus a margin)."""
+        return max(self.depths) + max(self.n_prompt, self.n_gen) + N_CTX_MARGIN
 
     def tests(self) -> list[tuple[str, int, int]]:
         """[(kind, n_tokens, depth)] in run order, depth ascending (each depth filled once)."""
@@ -79,10 +82,7 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
         path = catalog.resolve_model(model, progress=True)
         name = Path(path).stem if Path(str(model)).suffix == ".gguf" else str(model)
         for threads in s.threads:
-            need = max(s.depths) + max(s.n_prompt, s.n_gen) + N_CTX_MARGIN
-            if s.n_ctx is not None and s.n_ctx < need:
-                raise UsageError(f"--ctx {s.n_ctx} is smaller than the deepest test needs ({need} tokens)")
-            n_ctx = s.n_ctx or max(default_ctx(path), need)
+            n_ctx = s.n_ctx or max(default_ctx(path), s.ctx_needed())
             log(f"== {name}, {threads} threads: loading (n_ctx {n_ctx}) ...")
             ours = OursBench(str(path), threads, n_ctx)
             log(f"   plan: {ours.plan}")

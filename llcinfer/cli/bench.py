@@ -59,8 +59,6 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
         raise UsageError("-p and -n must be >= 0 and not both 0")
     if repetitions < 1:
         raise UsageError("-r must be >= 1")
-    if n_ctx is not None and n_ctx < 1:
-        raise UsageError(f"--ctx must be at least 1 (got {n_ctx})")
     if plot_path:
         from ..bench.plot import require_matplotlib
 
@@ -70,6 +68,8 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
     settings = BenchSettings(models=list(models) or [DEFAULT_MODEL], threads=thread_list, n_prompt=n_prompt,
                              n_gen=n_gen, depths=depths, reps=repetitions, alternate=alternate, fill=fill,
                              fill_limit_s=fill_limit, n_ctx=n_ctx)
+    if n_ctx is not None and n_ctx < settings.ctx_needed():
+        raise UsageError(f"--ctx {n_ctx} is smaller than the deepest test needs ({settings.ctx_needed()} tokens)")
     builds = {}
     if vs == "llama.cpp":
         builds, notes = llama_bench.find_builds(llama_bench_path, build=build_llama_cpp, log=log)

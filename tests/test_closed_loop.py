@@ -98,3 +98,22 @@ def test_core_counts_cover_every_domain_size():
     from llcinfer.planner.candidates import sensible_k
 
     assert set(sensible_k(24)) | {24 - k for k in sensible_k(24)} | {24} == set(core_counts(m, 24))
+
+
+def test_cli_plan_shows_the_observed_tpot(tmp_path, monkeypatch, capsys):
+    from real_models import real_model_path
+
+    from llcinfer.cli import main
+    from llcinfer.planner import workload_from_gguf
+
+    monkeypatch.setenv("LLCINFER_HOME", str(tmp_path))
+    m = load_topology("ci-2core")
+    w = workload_from_gguf(real_model_path("smollm2-135m"), ctx=2048, concurrency=1)
+    plan = make_plan(m, w, calibration=Calibration())
+    cal = Calibration()
+    cal.record(workload_key(w, plan.threads), plan.shape, plan.label, plan.kind, plan.prediction.model_s, 0.0123)
+    cal.save(cache_key(m))
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "-m", real_model_path("smollm2-135m"), "--ctx", "2048", "--topology", "ci-2core"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "observed TPOT 12.3 ms" in out and "feedback" in out

@@ -61,4 +61,4 @@ def _kernels_measured(machine, work) -> bool:
     from ..planner import Calibration, cache_key
 
     cal = Calibration.load(cache_key(machine))
-    return set(work.qtypes.values()) <= set(cal.matmul_stream_gbs)
+    return {f"{q}@4" for q in work.qtypes.values()} <= set(cal.matmul_stream_gbs)

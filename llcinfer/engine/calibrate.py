@@ -10,7 +10,7 @@ for this model, printing one progress line per item, and saves it:
                core with the KV in cache, and GB/s with a KV larger than the LLC, per core count
   matmul <q>   for each weight type of this model: unpack / MAC rates per core (a slice in L2,
                1 and 4 activation rows) and GB/s streaming every matrix of that type from DRAM
-               (one activation row), per core count
+               with one and with four activation rows, per core count
   step         the executor's host-side cost per step outside its workers (1 and 4 sequences)
 """
 
@@ -69,7 +69,7 @@ def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration
     if shape not in cal.attention_stream_gbs:
         todo.append((f"attention {shape}", lambda: _attention(cal, model.config, counts, llc)))
     lins = _matrices(model)
-    for qt in sorted({lin.qtype.name for lin in lins} - set(cal.matmul_stream_gbs)):
+    for qt in sorted(q for q in {lin.qtype.name for lin in lins} if f"{q}@4" not in cal.matmul_stream_gbs):
         todo.append((f"matmul {qt}", lambda qt=qt: _matmul(cal, [x for x in lins if x.qtype.name == qt], counts, llc)))
     if "step" not in cal.measured:
         todo.append(("step", lambda: _step_overhead(cal, model, cores)))
@@ -188,7 +188,6 @@ def _matmul(cal: Calibration, lins, counts: list[int], llc: int) -> str:
     nbytes = sum(x.prepare().nbytes for x in lins)
     reps = -(-STREAM_MIN_BYTES * llc // nbytes)
     packs = None if reps <= 1 else [np.array(x.prepare()) for _ in range(reps) for x in lins]  # distinct memory
-    mats, acts, keep, y = _tables(lins * max(1, reps), 1, rng, packs)
     reps = max(1, reps)
     set_threads(1)
     # one matrix's first groups, about 512 KiB: stays in L2
@@ -201,12 +200,15 @@ def _matmul(cal: Calibration, lins, counts: list[int], llc: int) -> str:
         t[M] = _best_time(lambda: [vnni_matmul_table(first, a_m, M, y_m, tag, 1) for _ in range(50)], 5) / 50
     per_row = max(1e-12, (t[4] - t[1]) / 3)
     cal.matmul_compute[qt] = [w_small / max(1e-12, t[1] - per_row), w_small / per_row]
-    gbs = {}
-    for n in counts:
-        set_threads(n)
-        dt = _best_time(lambda n=n: vnni_matmul_table(mats, acts, 1, y, tag, 4 * n), 3)
-        gbs[str(n)] = round(nbytes * reps / dt / 1e9, 2)
-    cal.matmul_stream_gbs[qt] = gbs
+    for rows, key in ((1, qt), (4, f"{qt}@4")):  # the 4-row loops do not prefetch: their own rate
+        mats, acts, keep, y = _tables(lins * reps, rows, rng, packs)
+        gbs = {}
+        for n in counts:
+            set_threads(n)
+            dt = _best_time(lambda n=n: vnni_matmul_table(mats, acts, rows, y, tag, 4 * n), 3)
+            gbs[str(n)] = round(nbytes * reps / dt / 1e9, 2)
+        cal.matmul_stream_gbs[key] = gbs
+    gbs = cal.matmul_stream_gbs[qt]
     del keep
     return (f"{cal.matmul_compute[qt][1] / 1e9:.0f} GMAC/s per core per row; streamed "
             + ", ".join(f"{n} core{'s' if int(n) > 1 else ''} {g:.1f} GB/s" for n, g in gbs.items()))

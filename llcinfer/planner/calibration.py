@@ -87,7 +87,8 @@ class Calibration:
     matmul_stream_gbs: dict = field(default_factory=dict)
     """{weight type: {threads: GB/s}}: the matmul kernel (one activation row) streaming
     matrices of that type from DRAM on that many cores (engine/calibrate.py); it replaces
-    the curve's DRAM rate x ``matmul_read_efficiency`` for those weights."""
+    the curve's DRAM rate x ``matmul_read_efficiency`` for those weights.  '<type>@4': the
+    same with four rows (their loop does not prefetch), for micro-batches of 4 or more."""
     matmul_compute: dict = field(default_factory=dict)
     """{weight type: [unpack weights/s, int8 MACs/s]} per core, from L2-resident matrices at
     1 and 4 activation rows; replaces ``unpack_weights_per_core`` / ``matmul_macs_per_core``."""

@@ -106,7 +106,8 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
     unpacks = b // 4 + b % 4
     read = compute = 0.0
     for qtype, nbytes, n_weights in _op_tensors(w, layer, op):
-        gbs = cal.matmul_gbs(qtype, t_eff) if level == "DRAM" else None
+        # from DRAM: the kernel's measured streaming rate, with 4 rows at a time when b >= 4
+        gbs = cal.matmul_gbs(qtype if b < 4 else f"{qtype}@4", t_eff) if level == "DRAM" else None
         if gbs is None:  # not measured: the machine's curve at this level
             gbs = rates.read_gbs(level, cores) * cal.matmul_read_efficiency * t_eff / t
         read += nbytes / (gbs * 1e9)

@@ -191,7 +191,7 @@ def _matmul(cal: Calibration, lins, counts: list[int], llc: int) -> str:
     reps = max(1, reps)
     set_threads(1)
     # one matrix's first groups, about 512 KiB: stays in L2
-    first = mats[:1].copy()
+    first = _tables(lins[:1], 1, rng)[0]
     first[0, 1] = max(1, min(int(first[0, 1]), (512 << 10) // int(first[0, 2])))
     w_small = int(first[0, 1]) * 16 * lins[0].cols
     t = {}

@@ -170,6 +170,7 @@ class _FakeOurs:
 
     def __init__(self, model, threads, n_ctx):
         self.depth = 0
+        self.plan = f"fake plan for n_ctx {n_ctx}"
 
     def warmup(self):
         pass
@@ -200,6 +201,7 @@ class _FakeProbe:
 
 def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
+    monkeypatch.setattr(compare, "default_ctx", lambda path: 4096)  # the model's own context
     monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
     monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
     builds = {"native": _sigill_llama_bench(tmp_path), "portable": _fake_llama_bench(tmp_path, PP_FIXTURE)}
@@ -216,10 +218,12 @@ def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
     assert by[(OURS, None, "tg16")].samples_bw == [1e9, 1e9] and by[(OURS, None, "pp64")].samples_bw == []
     table = report.markdown_table(recs)
     assert "native crashed" in table and "(portable" in table
+    assert "plan (m, 2 threads, n_ctx 4096): fake plan for n_ctx 4096" in table, "planned for the model's context"
 
 
 def test_block_alternation_runs_llama_bench_once_per_build(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
+    monkeypatch.setattr(compare, "default_ctx", lambda path: 4096)  # the model's own context
     monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
     monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
     calls = tmp_path / "calls"

@@ -25,6 +25,7 @@ from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
 from .engine.transformer import Transformer
+from . import settings
 from .errors import ChatTemplateError, UsageError
 from .jit import set_threads
 from .kv import KV_TYPES
@@ -58,12 +59,15 @@ class LLM:
         kv_budget_mb: most KV memory committed at once (default: available RAM less the
             model and a margin); past it the newest request is preempted and recomputed
             later, and a request that cannot fit even alone gets ``OutOfMemoryError``.
+        check_plan: time the chosen plan and the best one of the other kind for a few decode
+            steps at start-up and keep the faster (``LLCINFER_CALIBRATE=0`` turns it off,
+            and the first-use kernel calibration with it).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_STEP_TOKENS, progress: bool = True,
                  numerics: str = "llama.cpp", kv_type: str | None = None, n_seq: int = 1,
-                 kv_budget_mb: float | None = None):
+                 kv_budget_mb: float | None = None, check_plan: bool = True):
         if numerics not in ("llama.cpp", "f32"):
             raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
         if kv_type is not None and kv_type not in KV_TYPES:
@@ -88,14 +92,29 @@ class LLM:
             raise UsageError(f"n_ctx must be a positive integer (got {n_ctx!r})")
         self.n_ctx = n_ctx
         # the planner's plan for this machine, context and concurrency: its cores run the decode
-        # rows when the runner can put them on the executor (executor_note says why not)
-        self.plan = plan_for_model(self.model, n_ctx, n_seq, self.threads)
+        # rows when the runner can put them on the executor (executor_note says why not); with
+        # the executor, the kernels are calibrated at first use and the plan checked by timing
+        self.plan = self._plan(n_ctx, n_seq, check_plan)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
                              kv_budget_bytes=budget, domains=domains_from_plan(self.plan, self.config))
         self.executor_note = self.engine.runner.executor_note  # why decode rows skip the executor (None: they don't)
         self.engine.runner.warm_up(self.engine.new_sequence)
         self._last_stats = GenerationStats()
+
+    def _plan(self, n_ctx: int, n_seq: int, check: bool):
+        from .engine.calibrate import ensure_calibration
+        from .engine.plan_check import check_plan
+        from .executor import unsupported_reason
+        from .planner import detect_machine
+
+        machine = detect_machine(probe=False)
+        measure = settings.calibrate_enabled() and settings.executor_enabled() and unsupported_reason(self.model) is None
+        cal = ensure_calibration(self.model, machine, self.threads) if measure else None
+        plan, work = plan_for_model(self.model, n_ctx, n_seq, self.threads, machine, cal)
+        if measure and check:
+            plan = check_plan(self.model, plan, machine, cal, work)
+        return plan
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt: str | list[dict], **sampling) -> RequestHandle:

@@ -12,6 +12,7 @@ new hash starts an empty directory; directories of other hashes unused for a day
 removed.  ``NUMBA_CACHE_DIR`` set by the user is left alone.
 """
 
+import functools
 import hashlib
 import os
 import shutil
@@ -26,6 +27,7 @@ _CACHE = settings.numba_cache_enabled()
 _STALE_SECONDS = 86400
 
 
+@functools.lru_cache(maxsize=1)
 def _sources_hash() -> str:
     """Hash of numba's version and every module of the package that compiles kernels (its
     text names numba or imports from this module)."""
@@ -37,6 +39,11 @@ def _sources_hash() -> str:
             h.update(p.relative_to(root).as_posix().encode())
             h.update(text)
     return h.hexdigest()[:16]
+
+
+def kernel_version() -> str:
+    """The kernel version measured facts are keyed by (the hash of the kernel sources)."""
+    return _sources_hash()
 
 
 def _versioned_cache_dir() -> None:

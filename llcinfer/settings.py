@@ -8,6 +8,8 @@ cannot be understood is a ``UsageError`` naming the variable.
     LLCINFER_ISA             force a kernel path: avx512vnni, avxvnni, avx2, generic
     LLCINFER_AMX             0: never use AMX tiles; 1: ask for them and warn if refused
     LLCINFER_EXECUTOR        0: decode rows on the batched forward pass, not the executor
+    LLCINFER_CALIBRATE       0: no first-use kernel calibration and no start-up plan check
+                             (plan from what is cached, else estimates)
     LLCINFER_PIN             executor workers pinned to their domain (default), core or none
     LLCINFER_HUGEPAGES       0: no 2 MiB pages for weights and the KV pool
     LLCINFER_REPACK_CACHE    0: repack weights in memory; a path: keep the repacks there
@@ -62,6 +64,12 @@ def amx() -> str:
 
 def executor_enabled() -> bool:
     return _switch("LLCINFER_EXECUTOR", True)
+
+
+def calibrate_enabled() -> bool:
+    """LLCINFER_CALIBRATE: measure this machine's kernels at first use and check the plan at
+    start-up (default on)."""
+    return _switch("LLCINFER_CALIBRATE", True)
 
 
 def pin_mode() -> str:

@@ -1,6 +1,5 @@
 """Task graphs on the executor's primitives (its counters and worker pool): the stress
-test's random DAGs, and the hand-off and barrier timings perf/sync_bench.py and
-perf/calibrate.py report.
+test's random DAGs, and the hand-off and barrier timings perf/sync_bench.py reports.
 
 A graph: task t runs on worker ``owner[t]`` in that worker's topological order, waits
 until its ready counter reaches its number of predecessors, computes

@@ -170,6 +170,7 @@ class _FakeOurs:
 
     def __init__(self, model, threads, n_ctx):
         self.depth = 0
+        self.plan = f"fake plan for n_ctx {n_ctx}"
 
     def warmup(self):
         pass
@@ -200,6 +201,7 @@ class _FakeProbe:
 
 def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
+    monkeypatch.setattr(compare, "default_ctx", lambda path: 4096)  # the model's own context
     monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
     monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
     builds = {"native": _sigill_llama_bench(tmp_path), "portable": _fake_llama_bench(tmp_path, PP_FIXTURE)}
@@ -216,10 +218,12 @@ def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
     assert by[(OURS, None, "tg16")].samples_bw == [1e9, 1e9] and by[(OURS, None, "pp64")].samples_bw == []
     table = report.markdown_table(recs)
     assert "native crashed" in table and "(portable" in table
+    assert "plan (m, 2 threads, n_ctx 4096): fake plan for n_ctx 4096" in table, "planned for the model's context"
 
 
 def test_block_alternation_runs_llama_bench_once_per_build(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
+    monkeypatch.setattr(compare, "default_ctx", lambda path: 4096)  # the model's own context
     monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
     monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
     calls = tmp_path / "calls"
@@ -249,7 +253,8 @@ def _cli(*args, **env):
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
 
 
-@pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"]])
+@pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"],
+                                  ["--ctx", "100", "-p", "512"]])
 def test_cli_usage_errors(args):
     r = _cli("bench", *args)
     assert r.returncode == 2, r.stderr
@@ -274,6 +279,9 @@ def test_cli_quick_real_run(tmp_path):
     tests = [(x["engine"], x["test"], x["status"]) for x in doc["results"]]
     assert ("llcinfer", "pp16", "ok") in tests and ("llcinfer", "tg8 @ d32", "ok") in tests
     assert "| smollm2-135m | tg8 @ d32 | 1 |" in r.stdout
+    ours = [x for x in doc["results"] if x["engine"] == "llcinfer"]
+    assert all(x["n_ctx"] == 8192 and x["plan"] for x in ours), "planned for the model's context, not d + n"
+    assert f"plan (smollm2-135m, 1 threads, n_ctx 8192): {ours[0]['plan']}" in r.stdout
 
 
 # ------------------------------------------------------------------ real llama.cpp

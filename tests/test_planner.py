@@ -175,10 +175,15 @@ def test_plan_invariants(topology, model, workloads):
             continue
         best = make_plan(m, w, threads=threads, calibration=cal)
         cores = budget_cores(m, threads)
+        assert not best.what_if, "a plan the executor cannot run was chosen"
         for plan in [best] + best.runners_up:
             check_invariants(plan, m, w, cores)
-            assert plan.prediction.tpot_s >= best.prediction.tpot_s
-        assert best.explain().count("\n") > 8
+            assert plan.what_if == (plan.stages > 1)
+            if not plan.what_if:
+                assert plan.prediction.tpot_s >= best.prediction.tpot_s
+        text = best.explain()
+        assert text.count("\n") > 8
+        assert text.count("[what-if") == sum(r.what_if for r in best.runners_up)
 
 
 def test_two_cores_include_one_attention_core():

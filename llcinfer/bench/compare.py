@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..model import catalog
 from . import llama_bench
-from .ours import OursBench
+from .ours import OursBench, default_ctx
 from ..hw.probe import ReadProbe
 from .report import LLAMA, OURS, Record, mark_anchors
 
@@ -47,6 +47,11 @@ class BenchSettings:
     fill: str = "auto"  # auto, real, synthetic
     fill_limit_s: float = 1200.0
     llama_timeout_s: float = 3600.0
+    n_ctx: int | None = None  # our context (None: LLM's default, the model's training context)
+
+    def ctx_needed(self) -> int:
+        """Tokens the deepest test holds (plus a margin)."""
+        return max(self.depths) + max(self.n_prompt, self.n_gen) + N_CTX_MARGIN
 
     def tests(self) -> list[tuple[str, int, int]]:
         """[(kind, n_tokens, depth)] in run order, depth ascending (each depth filled once)."""
@@ -77,12 +82,13 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
         path = catalog.resolve_model(model, progress=True)
         name = Path(path).stem if Path(str(model)).suffix == ".gguf" else str(model)
         for threads in s.threads:
-            n_ctx = max(s.depths) + max(s.n_prompt, s.n_gen) + N_CTX_MARGIN
+            n_ctx = s.n_ctx or max(default_ctx(path), s.ctx_needed())
             log(f"== {name}, {threads} threads: loading (n_ctx {n_ctx}) ...")
             ours = OursBench(str(path), threads, n_ctx)
+            log(f"   plan: {ours.plan}")
             ours.warmup()
             for kind, n, depth in s.tests():
-                mine = Record(OURS, None, name, kind, threads, depth, n)
+                mine = Record(OURS, None, name, kind, threads, depth, n, plan=ours.plan, n_ctx=n_ctx)
                 theirs = {b: Record(LLAMA, b, name, kind, threads, depth, n) for b in builds}
                 log(f"-- {name} {mine.test}, {threads} threads")
                 probe = None  # tg: read next to each repetition

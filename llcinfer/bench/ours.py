@@ -1,6 +1,8 @@
 """Our side of the benchmark: llama-bench's methodology on an ``LLM``.
 
-Load once per (model, threads); fill the KV cache to the depth once per depth (untimed);
+Load once per (model, threads) with the context a user gets (``LLM``'s default unless
+``--ctx`` says otherwise), so the plan that runs is the one planned for that context and
+not for depth + tokens; fill the KV cache to the depth once per depth (untimed);
 each pp repetition runs ``n`` random tokens in chunks of the step loop's token budget, each tg
 repetition feeds ``n`` random tokens one at a time through the runner's decode rows (no
 sampling, as llama-bench), and the
@@ -23,9 +25,20 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def default_ctx(path) -> int:
+    """The context ``LLM(path)`` runs with by default (the model's training context)."""
+    from ..model.architectures import get_architecture
+    from ..model.gguf_file import GGUFFile
+
+    f = GGUFFile(path)
+    return int(get_architecture(f.require("general.architecture")).read_config(f).n_ctx_train)
+
+
 class OursBench:
     def __init__(self, model: str, threads: int, n_ctx: int, seed: int = 0):
         self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False)
+        # what the decode rows run on: the plan's label, or why they skip the executor
+        self.plan = self.llm.plan.label if self.llm.executor_note is None else f"batched ({self.llm.executor_note})"
         wait_loaded()  # measure the steady state: weights on 2 MiB pages, not the file's map
         self.model = self.llm.model
         self.runner = self.llm.engine.runner  # decode rows run as the step loop runs them

@@ -67,6 +67,8 @@ class Record:
     samples_bw: list[float] = field(default_factory=list)  # ours, tg: probe bytes/s after each repetition
     fill: str | None = None  # ours at depth > 0: how the KV depth was filled
     anchor: bool = False  # llama.cpp: the best build that ran this test
+    plan: str | None = None  # ours: the plan the decode rows ran (its label)
+    n_ctx: int | None = None  # ours: the context the model was loaded with (the plan's)
 
     @property
     def test(self) -> str:
@@ -106,7 +108,7 @@ class Record:
             "bytes_per_token": None if self.bytes_per_token is None else int(self.bytes_per_token),
             "bandwidth_gbs": r(None if self.bandwidth is None else self.bandwidth / 1e9, 2),
             "samples_bw_gbs": [round(b / 1e9, 2) for b in self.samples_bw],
-            "fill": self.fill, "anchor": self.anchor,
+            "fill": self.fill, "anchor": self.anchor, "plan": self.plan, "n_ctx": self.n_ctx,
         }
 
     @classmethod
@@ -118,7 +120,7 @@ class Record:
                    samples_tps=list(d.get("samples_tps") or []), status=d.get("status", "ok"), error=d.get("error"),
                    bytes_per_token=d.get("bytes_per_token"), bandwidth=None if bw is None else bw * 1e9,
                    samples_bw=[b * 1e9 for b in d.get("samples_bw_gbs") or []],
-                   fill=d.get("fill"), anchor=bool(d.get("anchor")))
+                   fill=d.get("fill"), anchor=bool(d.get("anchor")), plan=d.get("plan"), n_ctx=d.get("n_ctx"))
 
 
 def read_json(path: str | Path) -> tuple[dict, list[Record]]:
@@ -180,9 +182,14 @@ HEADER = ["model", "test", "threads", "ours t/s", "llama.cpp t/s (build)", "TPOT
 
 
 def markdown_table(records: list[Record]) -> str:
+    """The table, then the plan our decode ran for each model (and the context it was planned for)."""
     rows = table_rows(records)
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    plans = {(r.model, r.threads): (r.plan, r.n_ctx) for r in records if r.engine == OURS and r.plan}
+    if plans:
+        lines.append("")
+    lines += [f"plan ({m}, {t} threads, n_ctx {c}): {p}" for (m, t), (p, c) in plans.items()]
     return "\n".join(lines)
 
 

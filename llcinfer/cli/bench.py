@@ -42,10 +42,12 @@ def _int_list(value: str, what: str, minimum: int) -> list[int]:
               help="How our KV depth is filled (auto: real unless it would exceed --fill-limit).")
 @click.option("--fill-limit", type=float, default=1200.0, show_default=True,
               help="Seconds a real depth fill may take in auto mode before it turns synthetic.")
+@click.option("--ctx", "-c", "n_ctx", type=int, default=None,
+              help="Our context length (default: the model's, as LLM uses); the plan is made for it.")
 @click.option("--json", "json_path", default=None, help="Write the results as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a TPOT-vs-depth PNG here (needs matplotlib).")
 def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_path, build_llama_cpp,
-          alternate, fill, fill_limit, json_path, plot_path):
+          alternate, fill, fill_limit, n_ctx, json_path, plot_path):
     """Measure prompt (ppP) and generation (tgN @ dD) speed, optionally against llama.cpp."""
     from ..bench import llama_bench, report
     from ..hw import cpu as machine
@@ -65,7 +67,9 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
         vs = "llama.cpp"  # asking for a llama.cpp binary implies the comparison
     settings = BenchSettings(models=list(models) or [DEFAULT_MODEL], threads=thread_list, n_prompt=n_prompt,
                              n_gen=n_gen, depths=depths, reps=repetitions, alternate=alternate, fill=fill,
-                             fill_limit_s=fill_limit)
+                             fill_limit_s=fill_limit, n_ctx=n_ctx)
+    if n_ctx is not None and n_ctx < settings.ctx_needed():
+        raise UsageError(f"--ctx {n_ctx} is smaller than the deepest test needs ({settings.ctx_needed()} tokens)")
     builds = {}
     if vs == "llama.cpp":
         builds, notes = llama_bench.find_builds(llama_bench_path, build=build_llama_cpp, log=log)

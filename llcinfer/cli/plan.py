@@ -29,7 +29,8 @@ from ..errors import UsageError
                    "sequences each; shown by default when auto gives more than one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, replicas, as_json):
-    """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why."""
+    """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why, and
+    the TPOT observed where the plan was measured here."""
     from ..model import catalog
     from ..planner import detect_machine, load_topology, make_plan, workload_from_gguf
     from ..hw.bandwidth import curve_path, probe_curve, save_curve
@@ -65,3 +66,13 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
         click.echo("\n" + rp.explain())
     if machine.bandwidth_source == "estimated":
         click.echo("note: bandwidth curve estimated, not measured", err=True)
+    if topology is None and not _kernels_measured(machine, work):
+        click.echo("note: this machine's kernel rates for this model are not measured yet (the first LLM "
+                   "load or `llcinfer run` measures them); defaults used", err=True)
+
+
+def _kernels_measured(machine, work) -> bool:
+    from ..planner import Calibration, cache_key
+
+    cal = Calibration.load(cache_key(machine))
+    return {f"{q}@4" for q in work.qtypes.values()} <= set(cal.matmul_stream_gbs)

@@ -17,19 +17,14 @@ def _tile(rows_per_task: int | None, rows: int, workers: int, default: int) -> i
 def domains_from_plan(plan, config=None) -> Domains:
     """The plan's cores as executor domains: 'weights'/'attention' domains become the
     weight/attention workers, a 'shared' domain the weight workers with no attention
-    domain.  Layer-group pipelines (several stages) are not run by this executor: their
-    cores form one shared domain.  Tiles follow the planner's rows per task, capped so
-    every worker can claim several tiles of an operator."""
-    roles = {d.role for d in plan.domains}
-    stages = {d.stage for d in plan.domains}
-    if len(stages) > 1 or roles == {"shared"}:
-        cores = sorted({c for d in plan.domains for c in d.cores})
-        weight, attention = tuple(cores), ()
-        src = plan.domains[0]
-    else:
-        weight = tuple(c for d in plan.domains if d.role in ("weights", "shared") for c in d.cores)
-        attention = tuple(c for d in plan.domains if d.role == "attention" for c in d.cores)
-        src = next(d for d in plan.domains if d.role in ("weights", "shared"))
+    domain.  Layer-group pipelines (``plan.what_if``) are not run by this executor and are
+    refused.  Tiles follow the planner's rows per task, capped so every worker can claim
+    several tiles of an operator."""
+    if plan.what_if:
+        raise ValueError(f"the executor does not run layer-group plans ({plan.label})")
+    weight = tuple(c for d in plan.domains if d.role in ("weights", "shared") for c in d.cores)
+    attention = tuple(c for d in plan.domains if d.role == "attention" for c in d.cores)
+    src = next(d for d in plan.domains if d.role in ("weights", "shared"))
     mb = max(1, int(getattr(plan.prediction, "micro_batches", 1) or 1))
     t = src.tiles or {}
     n = len(weight)
@@ -42,11 +37,12 @@ def domains_from_plan(plan, config=None) -> Domains:
     return Domains(weight=weight, attention=attention, micro_batches=mb, tiles=tiles)
 
 
-def plan_for_model(model, ctx: int, concurrency: int, threads: int):
-    """The planner's plan for ``model`` on this machine (no bandwidth probe: the cached
-    curve or an estimate)."""
+def plan_for_model(model, ctx: int, concurrency: int, threads: int, machine=None, calibration=None):
+    """(the planner's plan for ``model``, its workload) on ``machine`` (default: this one,
+    with the cached bandwidth curve or an estimate) with ``calibration`` (default: the
+    cached one)."""
     from ..planner import detect_machine, make_plan, workload_from_model
 
-    machine = detect_machine(probe=False)
+    machine = machine or detect_machine(probe=False)
     work = workload_from_model(model, ctx=ctx, concurrency=concurrency)
-    return make_plan(machine, work, threads=threads)
+    return make_plan(machine, work, threads=threads, calibration=calibration), work

@@ -34,6 +34,25 @@ def _proc_cpuinfo() -> tuple[str, frozenset]:
     return model, flags
 
 
+@lru_cache(maxsize=1)
+def cpu_signature() -> str:
+    """'family F model M' of the first CPU in /proc/cpuinfo ('' when unreadable): CPUs of
+    one name string can differ (steppings, cloud SKUs), so machine keys include it."""
+    got: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model") and key not in got:
+                    got[key] = val.strip()
+                if len(got) == 2 or not line.strip():
+                    break
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    return f"family {got['cpu family']} model {got['model']}" if len(got) == 2 else ""
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (/proc/cpuinfo names; llvmlite's host features as a fallback)."""
     flags = _proc_cpuinfo()[1]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .cpu import INTERESTING_FLAGS, cpu_info
+from .cpu import INTERESTING_FLAGS, cpu_info, cpu_signature
 from .sysfs import (SYS_CPU, SYS_NODE, cpuinfo_dict, detect_caches, fallback_caches, format_cpulist, parse_cpulist,
                     parse_size, read)
 
@@ -68,6 +68,7 @@ class Machine:
     source: str = "detected"
     bandwidth_source: str = "none"
     notes: str = ""
+    cpu_id: str = ""  # 'family F model M' (cpu.cpu_signature)
 
     # -- derived views -------------------------------------------------------------------
 
@@ -138,8 +139,10 @@ class Machine:
                        bandwidth_source=self.bandwidth_source, notes=self.notes)
 
     def key(self) -> str:
-        """Cache key: CPU model, core count and cache sizes (not the curve)."""
-        sig = "|".join([self.cpu_model, str(len(self.cpus)), str(len(self.physical_cores()))]
+        """Cache key of measured facts: CPU model, family / model, ISA flags, core counts and
+        cache sizes (not the curve)."""
+        sig = "|".join([self.cpu_model, self.cpu_id, " ".join(self.isa), str(len(self.cpus)),
+                        str(len(self.physical_cores()))]
                        + [f"L{c.level}:{c.size_bytes}x{len(c.instances)}" for c in self.caches])
         slug = re.sub(r"[^a-z0-9]+", "-", self.cpu_model.lower()).strip("-")[:32] or "cpu"
         return f"{slug}-{len(self.cpus)}c-{hashlib.sha256(sig.encode()).hexdigest()[:10]}"
@@ -170,6 +173,7 @@ class Machine:
             "source": self.source,
             "bandwidth_source": self.bandwidth_source,
             "notes": self.notes,
+            "cpu_id": self.cpu_id,
         }
 
     @classmethod
@@ -197,6 +201,7 @@ class Machine:
             source=str(d.get("source", "file")),
             bandwidth_source=str(d.get("bandwidth_source", "file")),
             notes=str(d.get("notes", "")),
+            cpu_id=str(d.get("cpu_id", "")),
         )
 
 
@@ -245,7 +250,7 @@ def detect_topology(sys_root: str | os.PathLike | None = None) -> Machine:
     model, flags = cpu_info()  # /proc/cpuinfo; py-cpuinfo only when that says nothing
     m = Machine(name="this machine", cpu_model=model, cpus=cpus, core_of=core_of, package_of=package_of,
                 caches=caches, numa=numa, isa=[f for f in INTERESTING_FLAGS if f in flags],
-                source="detected")
+                source="detected", cpu_id=cpu_signature())
     _attach_memory_note(m)
     return m
 

@@ -137,3 +137,24 @@ def vnni_matmul3(xq0, xd0, xs0, w0, q0, y0, xq1, xd1, xs1, w1, q1, y1, xq2, xd2,
         else:
             h = g - G0 - G1
             group_rows(q2, a2 + h * st2, h, x2, d2, s2, M, K2, o2, n2, vt)
+
+
+@parallel_kernel
+def vnni_matmul_table(mats, acts, M, y, tag, n_chunks):
+    """Many independent products in one pool launch, each worker taking its 1/n_chunks of
+    every matrix's row groups in turn (no barrier between matrices): the weight stream of
+    a decode step without its dependencies (engine/calibrate.py times it).
+
+    mats  # [n, 5] int64: packed weight address, row groups, bytes per group, qtype, act row
+    acts  # [a, 4] int64: int8 activations address, block scales address, block sums address, K
+    y     # [M, >= lanes * max groups] f32 scratch output
+    """
+    vt = vtag(tag)
+    ya, ny = addr(y), y.shape[1]
+    for c in prange(n_chunks):
+        for m in range(mats.shape[0]):
+            G = mats[m, 1]
+            a = mats[m, 4]
+            for g in range(c * G // n_chunks, (c + 1) * G // n_chunks):
+                group_rows(mats[m, 3], mats[m, 0] + g * mats[m, 2], g, acts[a, 0], acts[a, 1], acts[a, 2], M,
+                           acts[a, 3], ya, ny, vt)

@@ -120,6 +120,15 @@ class KVPool:
         n = self.n_layer * self.n_kv_head * self.n_blocks * (self.chunk_bytes // self.data.itemsize)
         return self.data.reshape(-1)[:n].reshape(self.n_layer * self.n_kv_head, self.n_blocks, -1)
 
+    def fill(self, blocks, value: int = 1) -> None:
+        """Write ``value`` into every K/V element of ``blocks`` (benchmarks: committed pages
+        that are read from memory, not the kernel's shared zero page)."""
+        blocks = np.asarray(blocks, np.int64)
+        if self.head_major:
+            self._chunks()[:, blocks, :] = value
+        else:
+            self.data[blocks] = value
+
     @property
     def committed_bytes(self) -> int:
         return self.n_committed * self.block_bytes

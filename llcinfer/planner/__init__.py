@@ -11,12 +11,14 @@ explained (explain.py).
 
 from ..hw import CacheLevel, Machine, detect_machine, probe_curve, synthetic_curve
 from .bandwidth import Rates, effective_llc_bytes
-from .cost import Calibration, Prediction, predict
-from .choose import make_plan
+from .calibration import Calibration, cache_key
+from .cost import Prediction, predict
+from .choose import make_plan, workload_key
 from .plan import Domain, Placement, Plan
 from .topology import list_topologies, load_topology
 from .workload import LAYER_OPS, Workload, workload_from_gguf, workload_from_model
 
 __all__ = ["CacheLevel", "Calibration", "Domain", "LAYER_OPS", "Machine", "Placement", "Plan", "Prediction",
-           "Rates", "Workload", "detect_machine", "effective_llc_bytes", "list_topologies", "load_topology",
-           "make_plan", "predict", "probe_curve", "synthetic_curve", "workload_from_gguf", "workload_from_model"]
+           "Rates", "Workload", "cache_key", "detect_machine", "effective_llc_bytes", "list_topologies", "load_topology",
+           "make_plan", "predict", "probe_curve", "synthetic_curve", "workload_from_gguf", "workload_from_model",
+           "workload_key"]

@@ -21,134 +21,24 @@ resource's time per micro-batch).  With one sequence a split plan serialises (th
 less the attention of heads whose q/k/v tiles finish before the QKV tail); with two or
 more the weight and attention domains work on different micro-batches at once.  Finally
 TPOT >= all DRAM bytes of the step / the machine's DRAM rate, and the host's own cost per
-step (step_overhead_ns + sequences * step_overhead_seq_ns) is added.
+step (step_overhead_ns + sequences * step_overhead_seq_ns) is added.  Weights and KV read
+from DRAM go at the kernels' own measured streaming rates per core count where the
+calibration has them.  Last, the correction that observed TPOTs of plans of the same shape
+fed back (``Calibration.factor``) scales the result ('feedback' term).
 
-Every constant is a field of ``Calibration`` (defaults are estimates; measured values are
-saved per machine and replace them).
+Every constant is a field of ``Calibration`` (calibration.py: defaults are estimates;
+values measured on this machine with this kernel version replace them).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
-from .. import paths
 from .bandwidth import Rates
+from .calibration import Calibration
 from ..hw.machine import Machine
-from .workload import Workload
-
-
-@dataclass
-class Calibration:
-    """Rates and costs of the TPOT model.  Defaults are estimates for a current x86 core;
-    ``Calibration.save(key)`` stores fitted values for one machine."""
-
-    unpack_weights_per_core: float = 90e9
-    """weights per second one core unpacks to int8 lanes in the repacked matmul, once per
-    weight per micro-batch (fitted with ``matmul_macs_per_core`` to Q5_0/Q6_K 4864x896 and
-    896x4864 matrices on one core of the development machine: 60 GMAC/s at 1 row, 110-120 at
-    4 rows, 2026-11-30)."""
-    matmul_macs_per_core: float = 180e9
-    """int8 multiply-accumulates per second one core adds per sequence of the micro-batch."""
-    attention_flops_per_core: float = 10e9
-    """flops per second per core for decode attention over f16 K/V (q.k, softmax, p.v;
-    the paged kernel measured 9.3e9 on one core, ctx 8192, 12/2 heads x 128, 2026-11-30)."""
-    small_op_ns: float = 300.0
-    """one small operator (rms norm, rope + KV append, embedding row, swiglu tail) per
-    micro-batch, in ns."""
-    task_ns: float = 100.0
-    """claiming and finishing one matmul task (tile), in ns per task."""
-    handoff_ns: float = 200.0
-    """one data-dependency hand-off whose producers and consumers share one LLC, in ns."""
-    handoff_cross_llc_ns: float = 600.0
-    """one hand-off spanning several LLC instances (CCDs, dies) of one socket, in ns."""
-    handoff_cross_socket_ns: float = 1500.0
-    """one hand-off spanning sockets, in ns."""
-    handoff_producer_ns: float = 15.0
-    """added per producer core of the largest LLC group plus per LLC group (hierarchical
-    counters: the increments to one cache line serialise), in ns."""
-    barrier_ns: float = 9000.0
-    """one barrier (a numba/OpenMP parallel region) within one LLC, in ns (measured 8.8 us
-    median on the 2-core development machine, kernels/jit.py)."""
-    barrier_cross_llc_ns: float = 12000.0
-    """one barrier spanning several LLC instances, in ns."""
-    barrier_cross_socket_ns: float = 20000.0
-    """one barrier spanning sockets, in ns."""
-    l2_usable_fraction: float = 0.5
-    """share of each core's L2 that can hold resident weight tiles (the rest: activations,
-    KV tiles, code)."""
-    llc_usable_fraction: float = 0.9
-    """share of the effective LLC that can hold resident tensors."""
-    kv_pollution: float = 0.5
-    """fraction of the KV bytes streamed through an LLC per step that displaces resident
-    weights in it (0: non-temporal KV reads; 1: plain LRU)."""
-    head_overlap: float = 0.8
-    """with one sequence, the fraction of the attention of all KV heads but the last that
-    overlaps the QKV projection of later heads (split plans)."""
-    matmul_read_efficiency: float = 1.0
-    """fraction of the machine's read bandwidth (its curve) a matmul reaches when it streams
-    weights: perf/calibrate.py measures it by streaming every layer's ffn_gate of
-    Qwen2.5-0.5B through the kernel (decode, one row) on all threads."""
-    step_overhead_ns: float = 0.0
-    """fixed host-side cost of one decode step outside the workers (embedding row, block
-    tables, job hand-out, logits copy), in ns."""
-    step_overhead_seq_ns: float = 0.0
-    """host-side cost per sequence of a step (KV block bookkeeping), in ns."""
-    attn_stream_reserve_bytes: int = 4 << 20
-    """LLC bytes an attention domain keeps for streaming KV tiles in an LLC instance it
-    shares with a weight domain, when its KV does not fit (the rest goes to weights)."""
-
-    def handoff_s(self, m: Machine, producers, consumers, mode: str = "handoff") -> float:
-        """Seconds for one hand-off (or barrier) from ``producers`` to ``consumers``."""
-        key = (id(m), tuple(producers), tuple(consumers), mode)
-        memo = self.__dict__.setdefault("_memo", {})
-        if key not in memo:
-            memo[key] = self._handoff_s(m, producers, consumers, mode)
-        return memo[key]
-
-    def _handoff_s(self, m: Machine, producers, consumers, mode: str) -> float:
-        span = set(producers) | set(consumers)
-        n_llc = len(m.llc_groups(span))
-        n_sock = len({m.package_of.get(c, 0) for c in span})
-        if mode == "barrier":
-            ns = (self.barrier_cross_socket_ns if n_sock > 1 else
-                  self.barrier_cross_llc_ns if n_llc > 1 else self.barrier_ns)
-        else:
-            groups = m.llc_groups(producers)
-            base = (self.handoff_cross_socket_ns if n_sock > 1 else
-                    self.handoff_cross_llc_ns if n_llc > 1 else self.handoff_ns)
-            ns = base + self.handoff_producer_ns * (max(len(g) for g in groups) + len(groups))
-        return ns * 1e-9
-
-    # -- persistence ---------------------------------------------------------------------
-
-    @staticmethod
-    def path(key: str) -> str:
-        return os.fspath(paths.machine_dir() / f"calibration-{key}.json")
-
-    @classmethod
-    def load(cls, key: str | None) -> "Calibration":
-        """The calibration saved for machine ``key``; defaults for missing fields or file."""
-        if not key:
-            return cls()
-        try:
-            with open(cls.path(key)) as fh:
-                d = json.load(fh)
-        except (OSError, ValueError):
-            return cls()
-        names = {f.name: f.type for f in fields(cls)}
-        kw = {k: (int(v) if names[k] == "int" else float(v)) for k, v in d.items()
-              if k in names and isinstance(v, (int, float))}
-        return cls(**kw)
-
-    def save(self, key: str) -> str:
-        path = self.path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            json.dump(asdict(self), fh, indent=1)
-        return path
+from .workload import MATMUL_TENSORS, Workload
 
 
 @dataclass
@@ -158,7 +48,8 @@ class Prediction:
     ``terms`` are seconds per step along what bounds it (one micro-batch's path through all
     domains when ``bound`` is 'latency', else the busiest domain's work); they add up to
     ``tpot_s``: 'overlap' <= 0 is what the roofline max (reads vs compute) and overlapping
-    heads hide, 'dram_contention' >= 0 what a saturated DRAM adds.  ``busy`` is every
+    heads hide, 'dram_contention' >= 0 what a saturated DRAM adds, 'feedback' what the
+    observed TPOTs correct.  ``busy`` is every
     domain's work per step.
     """
 
@@ -168,10 +59,11 @@ class Prediction:
     bound: str = ""  # 'latency' | 'busy:<domain>' | 'dram'
     sync: str = "handoff"  # 'handoff' | 'barrier'
     busy: dict[str, float] = field(default_factory=dict)  # domain -> seconds of work per step
+    model_s: float = 0.0  # the model's TPOT before the fed-back correction ('feedback' term)
 
 
 TERM_ORDER = ("weights_L2", "weights_LLC", "weights_DRAM", "matmul_compute", "tasks", "kv_LLC", "kv_DRAM",
-              "attention_compute", "small_ops", "handoffs", "barriers", "step_overhead", "overlap", "dram_contention")
+              "attention_compute", "small_ops", "handoffs", "barriers", "step_overhead", "overlap", "dram_contention", "feedback")
 
 
 class _Acc:
@@ -185,19 +77,42 @@ class _Acc:
         self.terms[term] = self.terms.get(term, 0.0) + s
 
 
+def _tensor_weights(w: Workload, t: str) -> int:
+    """Weights (rows x cols) of one layer tensor or the LM head."""
+    c = w.config
+    q, kv = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
+    return {"wq": q * c.d_model, "wk": kv * c.d_model, "wv": kv * c.d_model, "wo": c.d_model * q,
+            "w_gate": c.d_ff * c.d_model, "w_up": c.d_ff * c.d_model, "w_down": c.d_model * c.d_ff,
+            "lm_head": c.vocab_size * c.d_model}[t]
+
+
+def _op_tensors(w: Workload, layer: int, op: str) -> list[tuple[str, int, int]]:
+    """[(weight type, bytes, weights)] of the tensors a matmul operator reads."""
+    names = ("lm_head",) if op == "lm_head" else MATMUL_TENSORS[op]
+    out = []
+    for t in names:
+        nbytes = w.lm_head_bytes if t == "lm_head" else getattr(w.layers[layer], t)
+        out.append((w.qtypes.get(t, ""), nbytes, _tensor_weights(w, t)))
+    return out
+
+
 def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer, op, level, tile, b) -> float:
-    nbytes = w.op_weight_bytes(layer, op)
     rows = w.op_rows(op)
     tasks = math.ceil(rows / tile)
     t = len(cores)
     t_eff = min(t, tasks)
-    read = nbytes / (rates.read_gbs(level, cores) * 1e9 * cal.matmul_read_efficiency * t_eff / t)
-    n_weights = w.op_macs(op) // w.concurrency
     # the kernel decodes each weight block once per 4 activation rows, then once per
     # remaining row (vnni_matmul: 4-row and 1-row paths)
     unpacks = b // 4 + b % 4
-    compute = (n_weights * unpacks / (t_eff * cal.unpack_weights_per_core)
-               + n_weights * b / (t_eff * cal.matmul_macs_per_core))
+    read = compute = 0.0
+    for qtype, nbytes, n_weights in _op_tensors(w, layer, op):
+        # from DRAM: the kernel's measured streaming rate, with 4 rows at a time when b >= 4
+        gbs = cal.matmul_gbs(qtype if b < 4 else f"{qtype}@4", t_eff) if level == "DRAM" else None
+        if gbs is None:  # not measured: the machine's curve at this level
+            gbs = rates.read_gbs(level, cores) * cal.matmul_read_efficiency * t_eff / t
+        read += nbytes / (gbs * 1e9)
+        unpack, macs = cal.unpack_macs(qtype)
+        compute += n_weights * unpacks / (t_eff * unpack) + n_weights * b / (t_eff * macs)
     over = tasks * cal.task_ns * 1e-9 / t_eff
     body = max(read, compute)
     # tiles are claimed dynamically: while the last tile runs, the other workers of the
@@ -220,7 +135,10 @@ def _attention(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, dom, b) -
     kv = w.kv_bytes_per_step_layer * b / w.concurrency
     f_res = dom.kv_resident_fraction
     read_llc = kv * f_res / (rates.read_gbs("LLC", dom.cores) * 1e9)
-    read_dram = kv * (1 - f_res) / (rates.read_gbs("DRAM", dom.cores) * 1e9)
+    c = w.config
+    dram_gbs = (cal.attention_gbs(f"{c.n_head}/{c.n_kv_head}x{c.head_dim}", len(dom.cores))
+                or rates.read_gbs("DRAM", dom.cores))
+    read_dram = kv * (1 - f_res) / (dram_gbs * 1e9)
     compute = w.attention_flops_layer * b / w.concurrency / (len(dom.cores) * cal.attention_flops_per_core)
     acc.add("kv_LLC", read_llc)
     acc.add("kv_DRAM", read_dram)
@@ -317,9 +235,14 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
     tpot += host
     work = sum(v for k, v in terms.items() if k != "dram_contention")
     terms["overlap"] = min(0.0, tpot - terms.get("dram_contention", 0.0) - work)
+    model_s, factor = tpot, cal.factor(plan.shape)
+    if factor != 1.0:  # what the TPOTs observed for plans of this shape feed back
+        terms["feedback"] = tpot * (factor - 1.0)
+        tpot *= factor
     terms = {k: terms[k] for k in TERM_ORDER if k in terms}
     busy = {name: mb * a.busy for name, a in accs.items()}
-    return Prediction(tpot_s=tpot, terms=terms, micro_batches=mb, bound=bound, sync=sync, busy=busy)
+    return Prediction(tpot_s=tpot, terms=terms, micro_batches=mb, bound=bound, sync=sync, busy=busy,
+                      model_s=model_s)
 
 
 def _sum_terms(dicts) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """``Plan.explain()``: the machine, the chosen plan (cores, resident tensors and bytes per
-domain, tiles, KV location), the predicted TPOT and its terms, and the runner-ups with the
-terms they lose on."""
+domain, tiles, KV location), the predicted TPOT and its terms, the TPOT observed for it
+where it was measured, and the runner-ups with the terms they lose on."""
 
 from __future__ import annotations
 
@@ -96,6 +96,12 @@ def _why(best, other) -> str:
     return f"{bound}; more " + ", ".join(f"{k} (+{_ms(v)})" for k, v in worst)
 
 
+def _observed(plan) -> str:
+    o = plan.observed
+    return (f"observed TPOT {_ms(o['measured_s'])} ({o['when']}; the model alone predicted "
+            f"{_ms(o['predicted_s'])} then)")
+
+
 def explain(plan) -> str:
     p = plan.prediction
     lines = [f"machine: {plan.machine}",
@@ -109,6 +115,8 @@ def explain(plan) -> str:
         lines.append(f"  predicted TPOT {_ms(p.tpot_s)} ({1 / p.tpot_s:.0f} tok/s per sequence, "
                      f"{c / p.tpot_s:.0f} tok/s in all); {p.micro_batches} micro-batch"
                      f"{'es' if p.micro_batches > 1 else ''}, bound by {p.bound}, sync by {p.sync}")
+        if plan.observed:
+            lines.append(f"  {_observed(plan)}")
         lines.append(f"  terms: {_terms(p)}")
         lines.append("  busy per step: " + ", ".join(f"{k} {_ms(v)}" for k, v in p.busy.items()))
     for d in plan.domains:
@@ -129,5 +137,7 @@ def explain(plan) -> str:
         for r in plan.runners_up:
             rp = r.prediction
             pct = 100 * (rp.tpot_s / p.tpot_s - 1) if p else 0.0
-            lines.append(f"  {_ms(rp.tpot_s):>10} (+{pct:.0f}%)  {r.label}: {_why(plan, r)}")
+            tag = " [what-if: the executor does not run layer groups]" if r.what_if else ""
+            seen = f"; {_observed(r)}" if r.observed else ""
+            lines.append(f"  {_ms(rp.tpot_s):>10} (+{pct:.0f}%)  {r.label}{tag}: {_why(plan, r)}{seen}")
     return "\n".join(lines)

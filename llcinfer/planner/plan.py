@@ -16,7 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from .bandwidth import Rates
-from .cost import Calibration, Prediction
+from .calibration import Calibration
+from .cost import Prediction
 from ..hw.machine import Machine
 from ..hw.sysfs import format_cpulist
 from .explain import describe_groups, explain
@@ -81,6 +82,15 @@ class Plan:
     concurrency: int = 1  # sequences per step
     rates: dict[str, float] = field(default_factory=dict)  # level -> GB/s with all plan cores
     effective_llc_bytes: int = 0  # per instance
+    what_if: bool = False  # the executor cannot run it (layer-group stages): shown, never chosen
+    observed: dict | None = None  # the last measured TPOT of this plan here (Calibration.observation)
+
+    @property
+    def shape(self) -> str:
+        """Kind and core count per domain role, e.g. 'split:w1+a1', 'shared:s2' (the
+        feedback correction is kept per shape)."""
+        doms = "+".join(f"{d.role[0]}{len(d.cores)}" for d in self.domains)
+        return f"{self.kind}{'-stages' if self.stages > 1 else ''}:{doms}"
 
     @property
     def cores(self) -> list[int]:
@@ -215,7 +225,8 @@ def build(m: Machine, w: Workload, domains: list[Domain], kind: str, label: str,
           "bytes_per_step": kv_total,
           "resident_bytes": sum(b for d in kv_doms for g, b in d.resident if g == "kv")}
     plan = Plan(kind=kind, label=label, threads=len(plan_cores), domains=domains, stages=stages, kv=kv,
-                machine=m.summary(), workload=w.summary(), concurrency=w.concurrency, effective_llc_bytes=int(rates.llc_eff_instance),
+                machine=m.summary(), workload=w.summary(), concurrency=w.concurrency,
+                effective_llc_bytes=int(rates.llc_eff_instance), what_if=stages > 1,
                 rates={lvl: round(rates.read_gbs(lvl, plan_cores), 1) for lvl in Rates.LEVELS})
     plan.placement = _placement(m, plan)
     return plan

@@ -374,7 +374,7 @@ def _healthy(base: str) -> bool:
 
 # ---------------------------------------------------------------------------- a real model
 @pytest.mark.slow
-def test_smollm2_chat_through_the_openaiopenai_client():
+def test_smollm2_chat_through_the_openai_client():
     llm = LLM("smollm2-135m", threads=2, n_ctx=512, n_seq=2, progress=False)
     try:
         msgs = [{"role": "user", "content": "What is the capital of France?"}]

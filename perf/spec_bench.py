@@ -8,7 +8,7 @@ Two chat workloads, greedy, 192 generated tokens (``--n``):
   free-chat   an open question, nothing to copy
 
 For each model and workload: ours plain, ours with each drafter (``--spec``), llama.cpp
-plain (``llama-speculative-simple --spec-type none``), its ngram-simple mode and, with a
+plain (``llama-completion``, its eval time per token), ``llama-speculative-simple``'s ngram-simple mode and, with a
 draft model, its draft-simple mode with the same draft; repetitions alternate the
 configurations (A B C A B C) and the table shows medians.  Effective TPOT is wall time per
 generated token after the first (ours: GenerationStats; llama.cpp: its "decoded N tokens
@@ -59,18 +59,25 @@ def ours(model: str, spec: str, prompt_msgs, n: int, threads: int) -> dict:
 
 
 def llama(model_path: Path, spec_type: str, draft: Path | None, prompt_text: str, n: int, threads: int) -> dict:
-    exe = binary("native", "llama-speculative-simple") or binary("portable", "llama-speculative-simple")
+    tool = "llama-completion" if spec_type == "none" else "llama-speculative-simple"
+    exe = binary("native", tool) or binary("portable", tool)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt_text)
     cmd = [str(exe), "-m", str(model_path), "-f", f.name, "-n", str(n), "-t", str(threads), "--temp", "0",
-           "-c", "4096", "--ignore-eos", "--spec-type", spec_type]
+           "-c", "4096", "--ignore-eos"]
+    cmd += ["-no-cnv"] if spec_type == "none" else ["--spec-type", spec_type]
     if draft is not None:
         cmd += ["-md", str(draft), "-td", str(threads), "--spec-draft-n-max", "8"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     log = out.stdout + out.stderr
+    if spec_type == "none":  # common_perf_print: eval time = X ms / N runs
+        m = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
+        if m is None:
+            raise RuntimeError(f"{tool} failed: {log[-800:]}")
+        return {"tpot_ms": float(m.group(1)) / int(m.group(2)), "n": int(m.group(2)) + 1, "n_drafted": 0}
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     if m is None:
-        raise RuntimeError(f"llama-speculative-simple failed: {log[-800:]}")
+        raise RuntimeError(f"{tool} failed: {log[-800:]}")
     acc = re.search(r"n_accept\s+=\s+(\d+)", log)
     drafted = re.search(r"n_drafted\s+=\s+(\d+)", log)
     return {"tpot_ms": 1000 * float(m.group(2)) / int(m.group(1)), "n": int(m.group(1)),

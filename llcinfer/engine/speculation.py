@@ -26,7 +26,7 @@ from ..speculative import (DraftModelDrafter, DraftTree, Gates, NgramDrafter, Su
 from .transformer import Transformer
 
 _COST_ROWS = (1, 2, 4, 8, 16, 32, 64)  # verification sizes measured at start-up
-_MAX_NODES_PER_SEQ = 48  # candidate nodes a drafter may propose for one sequence
+_MAX_NODES_PER_SEQ = 64  # candidate nodes a drafter may propose for one sequence
 
 
 @dataclass
@@ -144,14 +144,22 @@ class Speculator:
             c.tokens, c.tree = tokens, tree
 
     def _pays(self, trees: list[DraftTree]) -> list[DraftTree]:
-        """No trees when the step's expected tokens per second fall below plain decoding's:
-        (n + sum of confidences) / t(rows) < n / t_decode."""
+        """Keep the number r of the best nodes (by confidence, across the trees) that
+        maximises the step's expected tokens per second, (n + sum of their confidences) /
+        t(n + r); no node at all when even that falls below plain decoding's n / t_decode."""
         n = len(trees)
-        rows = n + sum(len(t) for t in trees)
-        expected = n + sum(float(t.conf.sum()) for t in trees)
-        if expected / self.cost.seconds(rows) < n / self.cost.decode_s:
-            return [DraftTree.empty() for _ in trees]
-        return trees
+        cand = sorted(((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t))))
+        best_r, best = 0, n / self.cost.decode_s
+        expected = float(n)
+        for r, (neg_conf, _, _) in enumerate(cand, 1):
+            expected -= neg_conf
+            rate = expected / self.cost.seconds(n + r)
+            if rate > best:
+                best_r, best = r, rate
+        keep = [np.zeros(len(t), bool) for t in trees]
+        for _, s, i in cand[:best_r]:
+            keep[s][i] = True
+        return [t.subset(k) for t, k in zip(trees, keep)]
 
     def accept(self, req, chunk, rows: np.ndarray, sample) -> None:
         """The walk over ``rows``  # [n + 1, vocab] (``sample(row)``: the engine's draw of the
@@ -168,6 +176,8 @@ class Speculator:
         req.stats.spec_accepted += len(path)
         if self.gates is not None:
             self.gates.record(tree.depth, tree.conf, accepted, self.cost.break_even)
+        if hasattr(self.drafter, "observe"):
+            self.drafter.observe(req.id, len(path), int(tree.depth.max()))
         if req.seq is not None:
             req.seq.commit_path(chunk.start, [i + 1 for i in path])
             req.n_computed = req.seq.n_tokens

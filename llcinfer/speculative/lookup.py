@@ -9,9 +9,12 @@ Both find the occurrences of the longest suffix of the sequence (up to ``max_mat
 tokens) in their corpus and merge the continuations that follow them into a trie; a
 node's count is how many occurrences continue with its path, and its confidence
 
-    conf(node) = count(node) / (n_occurrences + 1) * (1 - 2^-match_length)
+    conf(node) = count(node) / n_occurrences * r_n ^ depth(node)
 
-is the frequency estimate of that path, shrunk for few occurrences and short matches.
+the frequency of that path times the chance that the target follows a looked-up
+continuation for depth(node) tokens, r_n the measured per-token acceptance rate of
+drafts from n-token matches (``observe``; prior 0.9, worth 10 tokens), so confidences are acceptance
+probabilities the budget can weigh against the cost of a row.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class NgramIndex:
         return [o for o in self.where.get(key, ()) if o != exclude]
 
 
-def continuation_trie(sources: list[tuple[list[int], int]], depth: int, max_nodes: int, match: int) -> DraftTree:
+def continuation_trie(sources: list[tuple[list[int], int]], depth: int, max_nodes: int, rate: float) -> DraftTree:
     """Merge the continuations doc[end : end + depth] of ``sources`` (doc, end) into a
     tree of at most ``max_nodes`` nodes, the most frequent paths first (module doc)."""
     counts: dict[tuple[int, ...], int] = defaultdict(int)  # path -> occurrences continuing with it
@@ -66,7 +69,7 @@ def continuation_trie(sources: list[tuple[list[int], int]], depth: int, max_node
             counts[tuple(cont[:k])] += 1
     if not counts:
         return DraftTree.empty()
-    shrink = (1.0 - 0.5 ** match) / (len(sources) + 1)
+    share = 1.0 / len(sources)
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0])))[:max_nodes]  # parents rank first
     chosen = {path for path, _ in ranked}
     order = sorted((p for p in chosen if p[:-1] in chosen or len(p) == 1), key=lambda p: (len(p), p))
@@ -78,7 +81,7 @@ def continuation_trie(sources: list[tuple[list[int], int]], depth: int, max_node
         node_of[path] = len(tokens)
         tokens.append(path[-1])
         parents.append(node_of[path[:-1]] if len(path) > 1 else -1)
-        conf.append(counts[path] * shrink)
+        conf.append(counts[path] * share * rate ** len(path))
     return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), np.asarray(conf, np.float64))
 
 
@@ -87,9 +90,23 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, max_match: int = 4, min_match: int = 1, depth: int = 12):
+    def __init__(self, max_match: int = 4, min_match: int = 1, depth: int = 32):
         self.max_match, self.min_match, self.depth = max_match, min_match, depth
         self._own: dict[object, tuple[NgramIndex, int]] = {}  # request key -> its index and doc
+        self._tally = np.zeros((max_match + 1, 2))  # [match length, (accepted, tried)] draft tokens
+        self._last_match: dict[object, int] = {}  # request key -> match length of its last proposal
+
+    def rate(self, n: int) -> float:
+        """Per-token acceptance rate of drafts from n-token matches (module doc)."""
+        acc, tried = self._tally[n]
+        return float((acc + 9.0) / (tried + 10.0))
+
+    def observe(self, key, n_accepted: int, n_deepest: int) -> None:
+        """The target accepted ``n_accepted`` tokens of the last proposal for ``key``, whose
+        deepest verified node was ``n_deepest`` deep."""
+        n = self._last_match.pop(key, None)
+        if n is not None:
+            self._tally[n] += (n_accepted, n_accepted + (n_accepted < n_deepest))
 
     def _own_index(self, key, tokens: list[int]) -> tuple[NgramIndex, int]:
         if key not in self._own:
@@ -121,12 +138,14 @@ class NgramDrafter:
                 sources += [(idx.docs[d], e) for d, e in idx.occurrences(pattern, own_end)
                             if e < len(idx.docs[d])]
             if sources:
-                return continuation_trie(sources[-_MAX_OCCURRENCES:], self.depth, max_nodes, n)
+                self._last_match[key] = n
+                return continuation_trie(sources[-_MAX_OCCURRENCES:], self.depth, max_nodes, self.rate(n))
         return DraftTree.empty()
 
     def finish(self, key, tokens: list[int]) -> None:
         """The request ended with ``tokens``: forget its index."""
         self._own.pop(key, None)
+        self._last_match.pop(key, None)
 
 
 class SuffixDrafter(NgramDrafter):
@@ -134,7 +153,7 @@ class SuffixDrafter(NgramDrafter):
 
     name = "suffix"
 
-    def __init__(self, max_match: int = 8, min_match: int = 1, depth: int = 16, max_history_tokens: int = 1 << 20):
+    def __init__(self, max_match: int = 8, min_match: int = 1, depth: int = 32, max_history_tokens: int = 1 << 20):
         super().__init__(max_match, min_match, depth)
         self.history = NgramIndex(max_match)
         self.max_history_tokens = max_history_tokens

@@ -85,7 +85,7 @@ def llama(model_path: Path, spec_type: str, draft: Path | None, prompt_text: str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("--spec", default="ngram,suffix")
     ap.add_argument("--n", type=int, default=192)

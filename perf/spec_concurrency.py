@@ -69,7 +69,7 @@ def run(model: str, spec: str, policy: str, c: int, n: int, threads: int, budget
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("--spec", default="ngram")
     ap.add_argument("--concurrency", default="1,4,8")

@@ -115,3 +115,29 @@ def test_rows_are_batch_invariant(isa, H, KVH, D):
         parts = [case.run(q[a:b], 1, 31 + a, 0.125, threads=threads, isa=isa, tq=tq) for a, b in zip(cuts, cuts[1:])]
         np.testing.assert_array_equal(np.concatenate(parts), whole)
 
+
+def test_sequence_dispatch_by_prefill_until():
+    """PagedSequence.attention: rows below ``prefill_until`` on the prefill kernel, the rest
+    on the decode kernels; without it, calls of M > 1 rows on the prefill kernel."""
+    case = Case(9, 3, 64, 60, seed=6)
+    q = case.query(20)
+    args = case.args(1)
+    threads = numba.get_num_threads()
+    pre = np.empty_like(q)
+    dec = np.empty_like(q)
+    pf.prefill_attention(q, *args, 40, np.float32(0.125), pre, threads=threads)
+    pa.paged_attention(q, *args, 40, np.float32(0.125), dec, threads=threads)
+    assert not np.array_equal(pre, dec)  # the two round differently: the test can tell them apart
+    got = np.empty_like(q)
+    case.seq.attention(1, q, 40, 0.125, got)
+    np.testing.assert_array_equal(got, pre)
+    case.seq.attention(1, q[:1], 40, 0.125, got[:1])
+    np.testing.assert_array_equal(got[:1], dec[:1])
+    case.seq.prefill_until = 48
+    case.seq.attention(1, q, 40, 0.125, got)
+    np.testing.assert_array_equal(got[:8], pre[:8])
+    for m in range(8, 20):  # decode rows: each as if alone
+        one = np.empty_like(q[:1])
+        pa.paged_attention(q[m:m + 1], *args, 40 + m, np.float32(0.125), one, threads=threads)
+        np.testing.assert_array_equal(got[m], one[0])
+    assert case.seq.fork("f").prefill_until == 48

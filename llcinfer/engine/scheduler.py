@@ -234,6 +234,7 @@ class Scheduler:
                 if self.running:
                     return 0
                 raise  # pragma: no cover - _never_fits and an empty pool make this unreachable
+        seq.prefill_until = req.n_prompt  # prompt rows on the prefill kernel, in any chunk (PagedSequence.attention)
         req.seq, req.n_computed, req.state = seq, shared, State.RUNNING
         if not req.evaluated_once:
             req.stats.n_prompt_evaluated = req.n_prompt - min(shared, req.n_prompt)

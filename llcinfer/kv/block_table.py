@@ -5,7 +5,7 @@ The sequence is the cache object ``Transformer.forward`` takes:
 
     prepare(ids)                 room check, copy-on-write of a shared tail block, new blocks
     store(layer, pos0, k, v)     k, v  # [M, kv_head, head_dim] f32 -> the pool's storage type
-    attention(layer, q, n_past, scale, out)
+    attention(layer, q, n_past, scale, out)   prompt rows: the blocked prefill kernel
     finish(ids)                  n_tokens += M; index blocks that became full (prefix sharing)
     truncate(n)                  rollback: drop every position >= n (whole blocks go back)
     tree_attention(...), commit_path(n_prefix, path)
@@ -24,6 +24,7 @@ import numpy as np
 from ..dtypes import KV_F16, KV_F32
 from ..errors import ContextLengthError, OutOfMemoryError
 from ..kernels.paged_attention import attention_tag, kv_index, paged_attention, store_rows, store_rows_int8
+from ..kernels.prefill_attention import prefill_attention
 from ..kernels.tree_attention import move_kv_slots, tree_attention
 from ..kernels.tables import F16_TO_F32
 from .pool import KVPool
@@ -41,6 +42,9 @@ class PagedSequence:
         self.tokens: list[int] = []  # token id at each position (-1: written without a token id)
         self._n = 0
         self._indexed = 0  # ids[:_indexed] are all set
+        # positions below this attend on the blocked prefill kernel, the rest on the decode
+        # kernels; None: the rows of a call with M > 1 rows (see ``attention``)
+        self.prefill_until: int | None = None
 
     # ------------------------------------------------------------------ size
     @property
@@ -158,11 +162,25 @@ class PagedSequence:
         return out[0], out[1]
 
     def attention(self, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray) -> None:
-        """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1"""
-        p = self.pool
-        paged_attention(q, p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, self.table[:self.n_blocks],
-                        layer, p.n_kv_head, self.block_size, n_past, np.float32(scale), out,
-                        threads=numba.get_num_threads())
+        """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1.
+
+        Rows at positions below ``prefill_until`` run on the blocked prefill kernel, the
+        others on the decode kernels (the two round differently).  The engine sets it to
+        the prompt length, so that a prompt row rounds the same whatever chunk it is in
+        (a 1-token chunk included) and a generated row recomputed after preemption as in
+        its decode step; None (other callers): the blocked kernel for calls of M > 1 rows."""
+        p, M = self.pool, q.shape[0]
+        if self.prefill_until is None:
+            n_pre = M if M > 1 else 0
+        else:
+            n_pre = min(M, max(0, self.prefill_until - n_past))
+        args = (p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, self.table[:self.n_blocks], layer,
+                p.n_kv_head, self.block_size)
+        threads = numba.get_num_threads()
+        if n_pre:
+            prefill_attention(q[:n_pre], *args, n_past, np.float32(scale), out[:n_pre], threads=threads)
+        if n_pre < M:
+            paged_attention(q[n_pre:], *args, n_past + n_pre, np.float32(scale), out[n_pre:], threads=threads)
 
     def tree_rows(self, parents: np.ndarray) -> "TreeRows":
         """Before a draft tree's forward (rows at slots n_tokens ...): each row's path and
@@ -273,7 +291,7 @@ class PagedSequence:
             self.pool.retain(int(b))
         other.table[:self.n_blocks] = self.table[:self.n_blocks]
         other.n_blocks, other.ids, other.tokens, other._n = self.n_blocks, list(self.ids), list(self.tokens), self._n
-        other._indexed = self._indexed
+        other._indexed, other.prefill_until = self._indexed, self.prefill_until
         return other
 
     def __del__(self):

@@ -21,7 +21,6 @@ from .float_matmul import f32_matmul, half_get_rows, half_matmul
 from .isa import current_isa
 from ..jit import default_threads, set_threads
 from .norm import rms_norm
-from .prefill_attention import prefill_attention
 from .quant_matmul import QUANT_BLOCK, quant_matmul, quant_matmul3
 from ..weights.repack import SUPPORTED as _REPACK_TYPES
 from ..weights.repack_cache import packed as _packed_weights
@@ -33,8 +32,7 @@ from .vnni_matmul import vnni_matmul, vnni_matmul3
 
 
 __all__ = [
-    "Linear", "linear_many", "prefill_attention", "rms_norm", "rope_append_rows", "rope_table", "swiglu", "set_threads",
-    "default_threads",
+    "Linear", "linear_many", "rms_norm", "rope_append_rows", "rope_table", "swiglu", "set_threads", "default_threads",
 ]
 
 

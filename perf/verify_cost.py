@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from llcinfer import LLM
+from llcinfer.errors import LLCInferError
 from llcinfer.engine.speculation import verification_seconds
 from llcinfer.planner import Calibration, cache_key, detect_machine, make_plan, workload_from_gguf
 from llcinfer.planner.verify import VERIFY_ROWS, VerifyCost, predict_verify_cost
@@ -124,4 +125,7 @@ def plot(results: list[dict], path: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LLCInferError as e:
+        raise SystemExit(f"error: {e}") from None

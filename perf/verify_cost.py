@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The speculative verification cost curve: time of one verification forward of T = 1..64
+"""The speculative verification cost curve: time of one verification step of T = 1..64
 rows, on one sequence and spread over several, measured beside the planner's prediction
 and its K_max, per model and thread count.
 
     python perf/verify_cost.py                                   # every catalog model, 1 and 2 threads
     python perf/verify_cost.py -m smollm2-135m -t 2 --spread 4 --plot verify.png --json out.json
 
-Each point is the median of ``-r`` forwards as the step loop verifies: one batched pass,
-draft chains after a ``--depth``-token committed prefix, tree attention, the logits of
-every row (engine/speculation.py ``verification_seconds``); with ``--spread S`` the T rows
+Each point is the median of ``-r`` steps as the step loop verifies: drafted chains after
+a ``--depth``-token committed prefix in one executor step (where the model runs on it;
+else one batched pass with tree attention), the logits of every row
+(engine/speculation.py ``verification_seconds``); with ``--spread S`` the T rows
 are shared by S sequences.  The plain decode step (the executor's, where it runs) is
 measured beside it.  The knee is fitted the same way on both curves (planner/verify.py):
 the largest T costing at most 1.25x a 1-row forward.
@@ -41,7 +42,8 @@ def measure(model: str, threads: int, spread: list[int], depth: int, reps: int) 
             llm.model.forward_chunks([(s, [1 + (j % 500) for j in range(depth)])])
         curves = {}
         for s in spread:
-            curves[s] = [verification_seconds(llm.model, seqs[:s], t, reps) for t in VERIFY_ROWS if t >= s]
+            curves[s] = [verification_seconds(llm.model, seqs[:s], t, reps, eng.runner.executor)
+                         for t in VERIFY_ROWS if t >= s]
         n0, dec = seqs[0].n_tokens, []
         for _ in range(2 * reps + 1):
             t0 = time.perf_counter()
@@ -59,7 +61,7 @@ def predicted(path: str, model: str, threads: int, depth: int, spread: int) -> t
     m = detect_machine()
     w = workload_from_gguf(path, ctx=depth, concurrency=spread, kv_itemsize=2, name=model)
     plan = make_plan(m, w, threads=threads)
-    return predict_verify_cost(plan, m, w, Calibration.load(cache_key(m)))
+    return predict_verify_cost(plan, m, w, Calibration.load(cache_key(m)))  # the executor's hand-offs
 
 
 def main() -> None:

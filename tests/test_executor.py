@@ -72,6 +72,39 @@ def test_executor_equals_simple_path(tiny, qtype, arch, dom):
     ex.close()
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("dom", range(len(DOMAINS)))
+def test_step_rows_chain_equals_token_by_token(tiny, qtype, dom):
+    """A drafted chain verified in one step (beside another sequence's plain row) gives
+    the logits and K/V of decoding its tokens one step at a time, bit for bit."""
+    m = Transformer(GGUFFile(tiny(qtype)))
+    ex = DecodeExecutor(m, DOMAINS[dom])
+    prompts = [[1, 5, 9, 2, 7], [3, 8, 6, 4, 4, 1, 2, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
+    one, chain = [7], [11, 4, 250, 3, 9, 17]
+    seqs = _prefilled(m, prompts)
+    want = [ex.step(seqs, [one[0], chain[0]])]
+    want += [ex.step(seqs[1:], [t]) for t in chain[1:]]
+    want_kv = [[s.read(layer, 0, s.n_tokens) for layer in range(m.config.n_layer)] for s in seqs]
+    for s, p in zip(seqs, prompts):
+        s.truncate(len(p))
+    got = ex.step_rows(seqs, [one, chain], [True, False])
+    assert got.shape == (1 + len(chain), m.config.vocab_size)
+    assert np.array_equal(got[0], want[0][0])
+    assert np.array_equal(got[1:], np.stack([want[0][1]] + [w[0] for w in want[1:]]))
+    assert [s.n_tokens for s in seqs] == [len(p) + n for p, n in zip(prompts, (1, len(chain)))]
+    for s, kv in zip(seqs, want_kv):
+        for layer in range(m.config.n_layer):
+            for a, b in zip(s.read(layer, 0, s.n_tokens), kv[layer]):
+                assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="appears twice"):
+        ex.step_rows([seqs[0], seqs[0]], [[1], [2]])
+    with pytest.raises(ValueError, match="none empty"):
+        ex.step_rows(seqs, [[1], []])
+    with pytest.raises(ValueError, match="out of range"):
+        ex.step_rows(seqs, [[1], [2, -3]])
+    ex.close()
+
+
 def test_executor_attention_splits_match_merge(tiny):
     """Long-context splits (partials + merge tasks) agree with one split to rounding, and a
     row merged beside a longer row (more slots than its own parts) gives the same bits."""

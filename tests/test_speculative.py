@@ -107,8 +107,11 @@ def _generate(llm, prompts, **kw):
     return [c.token_ids for c in llm.engine.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("policy", ["super-tree", "per-sequence"])
-def test_greedy_identity_every_drafter_tiny_model(tiny, policy):
+@pytest.mark.parametrize("policy,executor", [("super-tree", True), ("per-sequence", True), ("super-tree", False)])
+def test_greedy_identity_every_drafter_tiny_model(tiny, policy, executor, monkeypatch):
+    """Chains verified on the executor, and trees on the batched pass (executor off)."""
+    if not executor:
+        monkeypatch.setenv("LLCINFER_EXECUTOR", "0")
     target, draft = tiny
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(1, 250, n)] for n in (3, 9, 17, 30, 41, 5)]
@@ -118,6 +121,7 @@ def test_greedy_identity_every_drafter_tiny_model(tiny, policy):
     plain.close()
     for spec in ("ngram", "suffix", f"draft:{draft}"):
         llm = LLM(str(target), threads=2, n_ctx=512, n_seq=4, speculative=spec, spec_policy=policy)
+        assert (llm.engine.speculator.executor is not None) == executor
         llm.engine.speculator.cost = FREE
         got = _generate(llm, prompts)
         st = llm.spec_stats
@@ -136,6 +140,7 @@ def test_greedy_identity_real_model_code_edit():
     llm.close()
     for spec in ("ngram", "suffix"):
         sp = LLM("smollm2-135m", threads=2, n_ctx=2048, progress=False, speculative=spec)
+        assert sp.engine.speculator.executor is not None  # chains verified on the executor
         sp.engine.speculator.cost = FREE
         got = sp.chat(msgs, max_tokens=64, temperature=0)
         assert got == want, spec
@@ -194,6 +199,17 @@ def _chi_square_ok(sample, p) -> bool:
     k = max(int(keep.sum()) - 1, 1)
     critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
     return stat < critical
+
+
+def test_best_chain_follows_the_most_confident_child():
+    tree = DraftTree(np.array([10, 11, 12, 13, 14]), np.array([-1, -1, 0, 0, 3]), np.array([0.3, 0.6, 0.2, 0.25, 0.1]))
+    assert not tree.is_chain
+    chain = tree.best_chain()
+    assert chain.is_chain and chain.tokens.tolist() == [11]  # the root's best child has no children
+    tree.conf[:] = [0.7, 0.2, 0.3, 0.5, 0.4]
+    chain = tree.best_chain()
+    assert chain.tokens.tolist() == [10, 13, 14] and chain.conf.tolist() == [0.7, 0.5, 0.4]
+    assert chain.best_chain() is chain and DraftTree.empty().best_chain().is_chain
 
 
 def test_ngram_and_suffix_drafters_propose_seen_continuations():

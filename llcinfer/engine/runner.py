@@ -10,8 +10,10 @@ Two kinds of row group today, each in one call per step:
                 forward pass (transformer.py) over every chunk's rows.
 A token is always computed by the same kind of group whatever else is in the batch, and
 both kinds compute a row from that row's inputs only, so a request's greedy output does
-not depend on what runs beside it.  Verification chunks (a sequence's draft tree,
-engine/speculation.py) always run on the batched pass, each row with its tree mask.
+not depend on what runs beside it.  A verification chunk (a sequence's draft tree,
+engine/speculation.py) whose tree is a chain runs on the executor too, its rows causal
+(DecodeExecutor.step_rows); a branching tree runs on the batched pass, each row with its
+tree mask.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class ModelRunner:
         out: list[np.ndarray | None] = [None] * len(batch.chunks)
         decode, rest = [], []
         for i, c in enumerate(batch.chunks):
-            if self.executor is not None and c.tree is None and len(c.tokens) == 1 and c.start >= c.request.n_prompt:
+            if self.executor is not None and c.start >= c.request.n_prompt and (
+                    len(c.tokens) == 1 if c.tree is None else c.tree.is_chain):
                 decode.append(i)
             else:
                 rest.append(i)
@@ -76,10 +79,19 @@ class ModelRunner:
                     lo, hi = c.score_rows
                     c.scored_logits = logits[lo:hi]
         if decode:
-            seqs = [batch.chunks[i].request.seq for i in decode]
-            logits = self.executor.step(seqs, [batch.chunks[i].tokens[0] for i in decode])
-            for row, i in enumerate(decode):
-                out[i] = logits[row]
+            chunks = [batch.chunks[i] for i in decode]
+            seqs = [c.request.seq for c in chunks]
+            if all(c.tree is None for c in chunks):
+                logits = self.executor.step(seqs, [c.tokens[0] for c in chunks])
+                for row, i in enumerate(decode):
+                    out[i] = logits[row]
+            else:
+                logits = self.executor.step_rows(seqs, [c.tokens for c in chunks], [c.tree is None for c in chunks])
+                r0 = 0
+                for c, i in zip(chunks, decode):
+                    r1 = r0 + len(c.tokens)
+                    out[i] = logits[r1 - 1] if c.tree is None else logits[r0:r1]  # a chain: [n + 1, vocab]
+                    r0 = r1
         return out
 
     def decode(self, seqs: list[PagedSequence], tokens: list[int]) -> np.ndarray:

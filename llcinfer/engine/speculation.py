@@ -7,8 +7,10 @@
                            after it: the acceptance walk over the verified rows, the
                            accepted path's K/V kept (seq.commit_path), the rest dropped
 
-The runner verifies every tree chunk in one batched forward (tree rows attend to their
-prefix and ancestors only); requests with no tree this step decode plainly beside them.
+Where the runner has an executor, each sequence drafts a chain (its tree's most
+confident path, DraftTree.best_chain), and the chains are verified in one executor step
+beside the plain decode rows; without one, every tree chunk is verified in one batched
+forward (tree rows attend to their prefix and ancestors only).
 """
 
 from __future__ import annotations
@@ -69,18 +71,21 @@ class Speculator:
         self.cost: VerifyCost | None = None
         self.gates = Gates() if policy == "super-tree" else None
         self.stats = SpecStats()
+        self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
 
     # ------------------------------------------------------------------ start-up
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
         """Time a verification of T rows (T in VERIFY_ROWS, one sequence after a 64-token
-        prefix) and one plain decode step, medians; fit the knee and slope."""
+        prefix) and one plain decode step, medians; fit the knee and slope.  Verification
+        runs where the runner will run it: on its executor when it has one."""
+        self.executor = runner.executor
         seq = new_sequence("verify-cost")
         try:
             model.forward_chunks([(seq, list(range(1, 65)))])
             rows, times = [], []
             for t in VERIFY_ROWS:
                 try:
-                    times.append(verification_seconds(model, [seq], t))
+                    times.append(verification_seconds(model, [seq], t, executor=self.executor))
                 except OutOfMemoryError:  # a small pool: the curve ends where its trees stop fitting
                     break
                 rows.append(t)
@@ -115,6 +120,8 @@ class Speculator:
             trees = self.drafter.propose_many(asks)
         else:
             trees = [self.drafter.propose(*a) for a in asks]
+        if self.executor is not None:
+            trees = [t.best_chain() for t in trees]
         max_rows = max_step_tokens - batch.n_tokens + len(decoding)
         if self.policy == "super-tree":
             trees = select_super_tree(trees, self.cost, self.gates if self.gates.calibrated else None, max_rows)
@@ -185,12 +192,13 @@ class Speculator:
 SPEC_MODES = "none | ngram | suffix | draft:MODEL | auto"
 
 
-def verification_seconds(model, seqs: list, rows: int, reps: int = 3) -> float:
+def verification_seconds(model, seqs: list, rows: int, reps: int = 3, executor=None) -> float:
     """Median seconds of one verification of ``rows`` rows spread evenly over ``seqs`` as
-    the step loop runs it: one batched forward, tree attention, the logits of every row.
-    Each sequence's rows are a root and chains of up to 8 drafted tokens under it
+    the step loop runs it, the logits of every row: with ``executor``, one executor step
+    of a chain per sequence; else one batched forward with tree attention, each
+    sequence's rows a root and chains of up to 8 drafted tokens under it
     (``chain_tree``).  The sequences are left as they were; raises OutOfMemoryError when
-    the pool has no room for the tree rows' scratch blocks."""
+    the pool has no room for the rows."""
     sizes = [len(part) for part in np.array_split(np.arange(rows), len(seqs)) if len(part)]
     chunks = [(seq, [1] * n) for seq, n in zip(seqs, sizes)]
     trees = [chain_tree(n) for n in sizes]
@@ -198,7 +206,10 @@ def verification_seconds(model, seqs: list, rows: int, reps: int = 3) -> float:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        model.forward_chunks(chunks, np.arange(rows), trees)
+        if executor is not None:
+            executor.step_rows([seq for seq, _ in chunks], [t for _, t in chunks], [False] * len(chunks))
+        else:
+            model.forward_chunks(chunks, np.arange(rows), trees)
         times.append(time.perf_counter() - t0)
         for (seq, _), n in zip(chunks, n0):
             seq.truncate(n)

@@ -144,15 +144,20 @@ class DecodeExecutor:
         return self.profile[key][1]
 
     # ------------------------------------------------------------------ planning
-    def program(self, M: int, n_splits: int) -> Program:
-        key = (M, n_splits)
+    def program(self, M: int, n_splits: int, micro_batches: int | None = None) -> Program:
+        """The operator table for M rows and ``n_splits`` attention parts per row, in the
+        domains' micro-batches (``micro_batches`` overrides: 1 when a sequence has several
+        rows, whose later rows attend to the earlier ones' K/V)."""
+        U = self.domains.micro_batches if micro_batches is None else micro_batches
+        key = (M, n_splits, U)
         if key not in self._programs:
-            self._programs[key] = build_program(self.shapes, M, self._weight_ids, self._attn_ids, n_splits,
-                                                self.domains.micro_batches, self.domains.tiles)
+            self._programs[key] = build_program(self.shapes, M, self._weight_ids, self._attn_ids, n_splits, U,
+                                                self.domains.tiles)
         return self._programs[key]
 
-    def buffers(self, M: int, n_splits: int) -> dict:
-        key = (M, n_splits)
+    def buffers(self, M: int, n_splits: int, micro_batches: int | None = None) -> dict:
+        U = self.domains.micro_batches if micro_batches is None else micro_batches
+        key = (M, n_splits, U)
         if key not in self._buffers:
             c = self.config
             NW, H, KVH, D = self.workers.n, c.n_head, c.n_kv_head, c.head_dim
@@ -173,7 +178,7 @@ class DecodeExecutor:
                 pmax=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax max
                 psum=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax sum
                 pacc=np.zeros((M * KVH * n_splits, G, D), f32),  # [M*KVH*S, G, D] partial outputs
-                counters=np.zeros(self.program(M, n_splits).n_counters * COUNTER_STRIDE, np.int64),
+                counters=np.zeros(self.program(M, n_splits, U).n_counters * COUNTER_STRIDE, np.int64),
             )
         return self._buffers[key]
 
@@ -182,21 +187,21 @@ class DecodeExecutor:
         return split_count(n_keys, self.model_block_size, self.config.n_kv_head, self.split_threads)
 
     # ------------------------------------------------------------------ the step
-    def _job(self, M: int, S: int, pool, nb: int) -> dict:
-        """The step's argument tuple for (M rows, S splits, pool), built once and reused while
-        the block tables fit: the serving workers keep running on the same tuple.  Per step
-        only the contents of ``pos`` and ``tables`` change."""
-        key = (M, S)  # one pool per key is kept alive: the latest one
+    def _job(self, M: int, S: int, U: int, pool, nb: int) -> dict:
+        """The step's argument tuple for (M rows, S splits, U micro-batches, pool), built once
+        and reused while the block tables fit: the serving workers keep running on the same
+        tuple.  Per step only the contents of ``pos``, ``seq`` and ``tables`` change."""
+        key = (M, S, U)  # one pool per key is kept alive: the latest one
         job = self._jobs.get(key)
-        prof = self._no_profile if self.profile is None else self._profile(self.program(M, S))
+        prof = self._no_profile if self.profile is None else self._profile(self.program(M, S, U))
         if job is None or job["tables"].shape[1] < nb or job["pool"] is not pool or job["prof"] is not prof:
             cap = self.tables_capacity if job is None else job["tables"].shape[1]
             while cap < nb:  # room for the blocks, doubled as sequences grow
                 cap *= 2
-            prog, b, c, m = self.program(M, S), self.buffers(M, S), self.config, self.model
+            prog, b, c, m = self.program(M, S, U), self.buffers(M, S, U), self.config, self.model
             pos = np.zeros(M, np.int64)  # [M] rows' positions
-            tables = np.zeros((M, cap), np.int32)  # [M, blocks] pool block ids of row m's sequence
-            seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> tables[m]
+            tables = np.zeros((M, cap), np.int32)  # [sequence, blocks] pool block ids of each sequence
+            seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> its sequence's row of tables
             args = pack(dict(
                 ops=prog.ops, order=prog.order, counters=b["counters"], mats=self.mat_table, tag=self.tag,
                 **{k: b[k] for k in ("x", "hpriv", "qpriv", "dpriv", "spriv", "qb", "kb", "vb", "attn", "gate", "up",
@@ -205,7 +210,7 @@ class DecodeExecutor:
                 eps=np.float32(c.rms_eps), bq=m.bq, bk=m.bk, bv=m.bv, has_bias=m.has_bias,
                 neox=c.rope_neox, round_q=True, lut=F16_TO_F32, pos=pos, seq=seq_idx, tables=tables,
                 split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof))
-            job = dict(args=args, prog=prog, buffers=b, pos=pos, tables=tables, pool=pool, prof=prof,
+            job = dict(args=args, prog=prog, buffers=b, pos=pos, seq=seq_idx, tables=tables, pool=pool, prof=prof,
                        ids=np.zeros(M, np.int64))  # ids: [M] this step's tokens
             self._jobs[key] = job
         return job
@@ -217,33 +222,49 @@ class DecodeExecutor:
         so every call and array operation is a string of cache misses (measured 230-280 us
         a token on SmolLM2, 40 us warm): the ids are checked as Python ints, the embedding
         rows, rope table and counter reset are one kernel (step_prologue)."""
-        try:
-            ids = [operator.index(t) for t in tokens]  # ints and numpy ints; not 3.7, "3" or None
-        except TypeError:
-            raise ValueError(f"token ids must be integers, got {list(tokens)!r}"[:200]) from None
-        M = len(seqs)
-        if len(ids) != M or M == 0:
-            raise ValueError(f"executor step: {len(ids)} tokens for {M} sequences")
-        V = self.config.vocab_size
-        for t in ids:
-            if t < 0 or t >= V:
-                raise ValueError(f"token id out of range [0, {V})")
+        ids = _token_ids(tokens, self.config.vocab_size)
+        if len(ids) != len(seqs) or not seqs:
+            raise ValueError(f"executor step: {len(ids)} tokens for {len(seqs)} sequences")
+        return self._run(seqs, [(t,) for t in ids], len(ids), None)
+
+    def step_rows(self, seqs: list, token_lists: list, index: list | None = None) -> np.ndarray:
+        """Consecutive tokens for each sequence in one step: sequence i's tokens take rows
+        at positions n_tokens, n_tokens + 1, ..., each attending to the sequence's prefix
+        and its own earlier rows (causal), so a drafted chain is verified in one step as
+        plain decoding would compute it token by token.  ``index[i]`` False: sequence i's
+        rows are a draft, not indexed for prefix sharing (PagedSequence.finish).  Returns
+        logits  # [rows, vocab], the sequences' rows in order (a copy)."""
+        lists = [_token_ids(t, self.config.vocab_size) for t in token_lists]
+        if len(lists) != len(seqs) or not seqs or not all(lists):
+            raise ValueError(f"executor step: {len(lists)} token lists for {len(seqs)} sequences (none empty)")
+        if len(set(map(id, seqs))) != len(seqs):
+            raise ValueError("executor step: a sequence appears twice")
+        return self._run(seqs, lists, sum(map(len, lists)), index)
+
+    def _run(self, seqs: list, lists: list, M: int, index: list | None) -> np.ndarray:
         pool = seqs[0].pool
         if any(s.pool is not pool for s in seqs):
             raise ValueError("executor step: every sequence must live in one KV pool")
         if pool.kind == KV_INT8:
             raise UnsupportedModelError("executor: int8 KV cache runs on the batched path")
-        for s, t in zip(seqs, ids):
-            s.prepare((t,))
+        for s, t in zip(seqs, lists):
+            s.prepare(t)
         nb = max(s.n_blocks for s in seqs)
         self.model_block_size = pool.block_size
-        S = self.n_splits(max(s.n_tokens for s in seqs) + 1)
-        job = self._job(M, S, pool, nb)
-        pos, tables, id_buf = job["pos"], job["tables"], job["ids"]
-        for i, s in enumerate(seqs):
-            pos[i] = s.n_tokens
-            id_buf[i] = ids[i]
+        S = self.n_splits(max(s.n_tokens + len(t) for s, t in zip(seqs, lists)))
+        U = self.domains.micro_batches if M == len(seqs) else 1  # a sequence's rows in one micro-batch
+        job = self._job(M, S, U, pool, nb)
+        pos, seq_idx, tables, id_buf = job["pos"], job["seq"], job["tables"], job["ids"]
+        r = 0
+        for i, (s, t) in enumerate(zip(seqs, lists)):
             tables[i, :s.n_blocks] = s.table[:s.n_blocks]
+            n = s.n_tokens
+            for tok in t:
+                pos[r] = n
+                id_buf[r] = tok
+                seq_idx[r] = i
+                n += 1
+                r += 1
         self.last_program = job["prog"]
         b = job["buffers"]
         self._embed(id_buf, b["x"], pos, b["rope_cs"], b["counters"])
@@ -251,8 +272,8 @@ class DecodeExecutor:
         if any(codes):
             raise ExecutorError("executor step aborted: a dependency wait timed out" if 2 in codes
                                 else "executor step aborted")
-        for s, t in zip(seqs, ids):
-            s.finish((t,))
+        for i, (s, t) in enumerate(zip(seqs, lists)):
+            s.finish(t, index=True if index is None else bool(index[i]))
         return b["logits"].copy()
 
     def close(self) -> None:
@@ -263,3 +284,15 @@ class DecodeExecutor:
             self.workers.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _token_ids(tokens, vocab_size: int) -> list[int]:
+    """``tokens`` as Python ints in [0, vocab_size); ints and numpy ints, not 3.7, "3" or None."""
+    try:
+        ids = [operator.index(t) for t in tokens]
+    except TypeError:
+        raise ValueError(f"token ids must be integers, got {list(tokens)!r}"[:200]) from None
+    for t in ids:
+        if t < 0 or t >= vocab_size:
+            raise ValueError(f"token id out of range [0, {vocab_size})")
+    return ids

@@ -1,7 +1,7 @@
 """The budget of speculative verification: the cost of checking T draft rows in one
-batched forward, its knee K_max and the slope beyond it.
+step, its knee K_max and the slope beyond it.
 
-A forward of T rows reads every weight once and multiplies it T times, so its time is
+A step of T rows reads every weight once and multiplies it T times, so its time is
 about flat while the weight stream (or the fixed per-operator cost) dominates, then grows
 by the per-row compute:
 
@@ -10,8 +10,8 @@ by the per-row compute:
 K_max is the verification budget per step for the whole batch (rows of all sequences
 together); past it a row pays only when its acceptance probability beats
 ``slope / decode_s`` (``VerifyCost.break_even``).  ``predict_verify_cost`` evaluates the
-TPOT model (cost.py) at T = 1 .. 64 rows with operator barriers (the batched pass
-synchronises per operator) and fits the same form as the engine's start-up measurement
+TPOT model (cost.py) at T = 1 .. 64 rows, with the executor's hand-offs (drafted chains
+are verified on the executor) or operator barriers (trees on the batched pass), and fits the same form as the engine's start-up measurement
 (engine/speculation.py), so ``llcinfer plan`` shows the predicted budget and
 perf/verify_cost.py the two side by side.
 """
@@ -34,7 +34,7 @@ KNEE_RATIO = 1.25  # the knee: the largest T costing at most this times a 1-row 
 
 @dataclass
 class VerifyCost:
-    """Seconds of one batched forward of T rows  t(T) = base + slope * max(0, T - k_max),
+    """Seconds of one verification step of T rows  t(T) = base + slope * max(0, T - k_max),
     and of one plain decode step, ``decode_s``."""
 
     k_max: int
@@ -71,18 +71,19 @@ class VerifyCost:
 
 
 def predict_verify_cost(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates: Rates | None = None,
-                        rows: tuple[int, ...] = VERIFY_ROWS) -> tuple[VerifyCost, list[float]]:
+                        rows: tuple[int, ...] = VERIFY_ROWS, sync: str = "handoff") -> tuple[VerifyCost, list[float]]:
     """(fitted VerifyCost, predicted seconds per entry of ``rows``) for verifying on
-    ``plan``'s cores; ``decode_s`` is the plan's predicted plain decode step."""
+    ``plan``'s cores, ``sync`` "handoff" (the executor) or "barrier" (the batched pass);
+    ``decode_s`` is the plan's predicted plain decode step."""
     cal = cal or Calibration()
     rates = rates or Rates(m)
-    seconds = [forward_seconds(plan, m, w, int(t), cal, rates, sync="barrier") for t in rows]
+    seconds = [forward_seconds(plan, m, w, int(t), cal, rates, sync=sync) for t in rows]
     decode_s = plan.prediction.tpot_s if plan.prediction is not None else predict(plan, m, w, cal, rates).tpot_s
     return VerifyCost.fit(list(rows), seconds, decode_s), seconds
 
 
 def explain_verify(cost: VerifyCost) -> str:
     """One line for ``llcinfer plan``."""
-    return (f"speculative verification (one batched forward): K_max = {cost.k_max} rows per step "
+    return (f"speculative verification (one executor step of drafted chains): K_max = {cost.k_max} rows per step "
             f"at {cost.base_s * 1e3:.1f} ms, then +{cost.slope_s * 1e3:.2f} ms per row; plain decode step "
             f"{cost.decode_s * 1e3:.1f} ms, break-even acceptance past the knee {cost.break_even:.2f}")

@@ -42,6 +42,26 @@ class DraftTree:
                 d[i] = d[p] + 1
         return d
 
+    @property
+    def is_chain(self) -> bool:
+        """Every node the only child of the one before it (the root's, for node 0)."""
+        return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1)))
+
+    def best_chain(self) -> "DraftTree":
+        """The path from the root that follows the most confident child at every node."""
+        if self.is_chain:
+            return self
+        best: dict[int, int] = {}  # parent node -> its most confident child
+        for i, p in enumerate(self.parents.tolist()):
+            if p not in best or self.conf[i] > self.conf[best[p]]:
+                best[p] = i
+        keep = np.zeros(len(self), bool)
+        node = best.get(-1)
+        while node is not None:
+            keep[node] = True
+            node = best.get(node)
+        return self.subset(keep)
+
     def subset(self, keep: np.ndarray) -> "DraftTree":
         """The nodes ``keep``  # [n] bool (closed under ancestors), renumbered in order."""
         keep = np.asarray(keep, bool)

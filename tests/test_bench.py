@@ -254,7 +254,8 @@ def _cli(*args, **env):
 
 
 @pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"],
-                                  ["--ctx", "100", "-p", "512"]])
+                                  ["--ctx", "100", "-p", "512"], ["--spec", "bogus"], ["--spec", ""],
+                                  ["--spec", "ngram", "--spec-workload", "poetry"], ["--spec", "ngram", "-n", "1"]])
 def test_cli_usage_errors(args):
     r = _cli("bench", *args)
     assert r.returncode == 2, r.stderr
@@ -282,6 +283,26 @@ def test_cli_quick_real_run(tmp_path):
     ours = [x for x in doc["results"] if x["engine"] == "llcinfer"]
     assert all(x["n_ctx"] == 8192 and x["plan"] for x in ours), "planned for the model's context, not d + n"
     assert f"plan (smollm2-135m, 1 threads, n_ctx 8192): {ours[0]['plan']}" in r.stdout
+
+
+@pytest.mark.slow
+def test_cli_spec_bench_real_model(tmp_path):
+    """--spec: effective TPOT of plain and each drafter on the code edit, outputs equal."""
+    from real_models import real_model_path
+
+    out = tmp_path / "s.json"
+    r = _cli("bench", "-m", real_model_path("smollm2-135m"), "--spec", "ngram,suffix", "--spec-workload", "code-edit",
+             "-n", "24", "-r", "1", "--threads", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (doc,) = json.loads(out.read_text())
+    rows = {(x["engine"], x["spec"]): x for x in doc["rows"]}
+    assert set(rows) == {("ours", "none"), ("ours", "ngram"), ("ours", "suffix")}
+    assert rows[("ours", "none")]["vs_plain"] == 1.0
+    for spec in ("ngram", "suffix"):
+        row = rows[("ours", spec)]
+        assert row["same_as_plain"] and row["tpot_ms"] > 0, spec
+        assert row["runs"][0]["verifications"] > 0, spec
+    assert "| code-edit | ours | ngram |" in r.stdout
 
 
 # ------------------------------------------------------------------ real llama.cpp

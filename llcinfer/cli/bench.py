@@ -2,6 +2,10 @@
 
     llcinfer bench -m smollm2-135m --threads 2 -p 512 -n 128 --depth 0,4096 -r 5 \\
         --vs llama.cpp --json out.json --plot out.png
+    llcinfer bench -m qwen2.5-coder-1.5b --spec ngram,draft:qwen2.5-coder-0.5b -n 192 -r 2 --vs llama.cpp
+
+With ``--spec`` it measures effective TPOT (wall time per generated token) of each
+drafter against plain decoding on chat workloads instead (bench/spec.py).
 """
 
 from __future__ import annotations
@@ -44,16 +48,25 @@ def _int_list(value: str, what: str, minimum: int) -> list[int]:
               help="Seconds a real depth fill may take in auto mode before it turns synthetic.")
 @click.option("--ctx", "-c", "n_ctx", type=int, default=None,
               help="Our context length (default: the model's, as LLM uses); the plan is made for it.")
+@click.option("--spec", default=None,
+              help="Speculative modes to measure instead of pp/tg, e.g. ngram,suffix,draft:MODEL: effective TPOT "
+                   "of -n greedy chat tokens against plain decoding (and llama.cpp's with --vs llama.cpp).")
+@click.option("--spec-workload", default="code-edit,free-chat", show_default=True,
+              help="Workloads for --spec: code-edit (a stdlib function to rename in), free-chat.")
 @click.option("--json", "json_path", default=None, help="Write the results as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a TPOT-vs-depth PNG here (needs matplotlib).")
 def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_path, build_llama_cpp,
-          alternate, fill, fill_limit, n_ctx, json_path, plot_path):
+          alternate, fill, fill_limit, n_ctx, spec, spec_workload, json_path, plot_path):
     """Measure prompt (ppP) and generation (tgN @ dD) speed, optionally against llama.cpp."""
     from ..bench import llama_bench, report
     from ..hw import cpu as machine
     from ..bench.compare import BenchSettings, log, run_bench
 
     thread_list = _int_list(threads, "--threads", 1)
+    if spec is not None:
+        _spec_bench(list(models) or [DEFAULT_MODEL], thread_list, spec, spec_workload, n_gen, repetitions,
+                    vs == "llama.cpp", json_path, log)
+        return
     depths = _int_list(depth, "--depth", 0)
     if n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
         raise UsageError("-p and -n must be >= 0 and not both 0")
@@ -99,3 +112,23 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
         click.echo(f"wrote {plot_path}", err=True)
     if interrupted:
         raise KeyboardInterrupt
+
+
+def _spec_bench(models, thread_list, spec, workloads, n_gen, reps, vs_llama, json_path, log) -> None:
+    import json
+
+    from ..bench import spec as spec_bench
+
+    specs, wls = spec_bench.parse_specs(spec), spec_bench.parse_workloads(workloads)
+    if n_gen < 2 or reps < 1:
+        raise UsageError("--spec needs -n >= 2 and -r >= 1")
+    out = []
+    for model in models:
+        for t in thread_list:
+            rows = spec_bench.run_spec_bench(model, specs, wls, n_gen, t, reps, vs_llama, log)
+            click.echo(spec_bench.markdown(rows, model, t, n_gen) + "\n")
+            out.append({"model": model, "threads": t, "n": n_gen, "repetitions": reps, "rows": rows})
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=1)
+        click.echo(f"wrote {json_path}", err=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -161,7 +162,10 @@ def main() -> None:
     else:
         trees = {"this": _Kernels("llcinfer")}
     from llcinfer.kernels.isa import current_isa
+    from llcinfer.model.catalog import resolve_model
 
+    for model in args.models:  # an unknown name fails before the peak is measured
+        resolve_model(model)
     isa = args.isa or current_isa()
     out = {"isa": isa, "peaks": {}, "rows": []}
     for th in args.threads:
@@ -174,5 +178,18 @@ def main() -> None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
+def _engine_errors() -> tuple[type, ...]:
+    """LLCInferError of llcinfer and of the trees loaded as ab_old / ab_new (each its own class)."""
+    mods = (sys.modules.get(f"{p}.errors") for p in ("llcinfer", "ab_old", "ab_new"))
+    return tuple(m.LLCInferError for m in mods if m is not None)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except subprocess.CalledProcessError as exc:  # git archive of an unknown revision, as ab_trees reports it
+        sys.exit(f"error: {' '.join(exc.cmd[:5])}: {exc.stderr.decode(errors='replace').strip().splitlines()[-1]}")
+    except Exception as exc:  # the engine's own errors (unknown model, bad GGUF) as one line
+        if not isinstance(exc, _engine_errors()):
+            raise
+        sys.exit(f"error: {exc}")

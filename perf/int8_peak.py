@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import numba  # noqa: E402
 
+from llcinfer.errors import LLCInferError  # noqa: E402
 from llcinfer.jit import parallel_kernel, set_threads  # noqa: E402
 from llcinfer.kernels.isa import supported_isas  # noqa: E402
 from llcinfer.kernels.simd import lanes, make_tag, vlane, vsplat  # noqa: E402
@@ -68,7 +69,7 @@ def _dot_chains(n_iter, n_threads, tag):
 def int8_peak(isa: str, threads: int, reps: int = 7, n_iter: int = 4_000_000) -> float:
     """int8 MACs per second that ``threads`` threads issue on ``isa``'s dot product, median."""
     tag = make_tag(isa)
-    set_threads(threads)
+    threads = set_threads(threads)  # clamped to numba's pool: more chains than threads would not add up
     _dot_chains(10, threads, tag)  # compile
     ts = []
     for _ in range(reps):
@@ -87,6 +88,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
+    bad = [t for t in args.threads if not 1 <= t <= numba.config.NUMBA_NUM_THREADS]
+    if bad:
+        ap.error(f"--threads {bad[0]}: numba's pool has 1..{numba.config.NUMBA_NUM_THREADS}")
     rows = []
     print(f"{'path':12s} {'threads':>7s} {'GMAC/s':>9s} {'per core':>9s}")
     for isa in args.isa:
@@ -99,4 +103,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LLCInferError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -55,6 +55,28 @@ def test_simd_matmul_matches_oracle(isa, qtype, N):
         assert lin.prepare().shape[0] == -(-N // lanes(isa))
 
 
+ODD_MS = (2, 3, 5, 6, 7, 9, 17, 33)  # every mix of the 4-, 2- and 1-row tiles
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+def test_simd_matmul_row_tiles_agree(isa, qtype):
+    """At row counts that mix the 4-, 2- and 1-row tiles: each product row is within the
+    oracle's bound and equal bit for bit to that row's one-row product (every tile does the
+    same operations per output in the same order)."""
+    rng = np.random.default_rng(zlib.crc32(f"tiles-{isa}-{qtype}".encode()))
+    N, K = 33, COLS[qtype][1]
+    t = fake_tensor(rng, qtype, N, K)
+    w64 = naive.weight(t)
+    lin = Linear(t, (N, K), isa=isa)
+    for M in ODD_MS:
+        x = (rng.standard_normal((M, K)) * rng.uniform(0.1, 3.0, (M, 1))).astype(np.float32)
+        y = lin(x, llama_rounding=True)
+        _check(y, quantize_activations(x, _kind(qtype)).astype(np.float64), w64)
+        one = np.concatenate([lin(x[m:m + 1], llama_rounding=True) for m in range(M)])
+        np.testing.assert_array_equal(y, one)
+
+
 @pytest.mark.parametrize("isa", SIMD_ISAS)
 @pytest.mark.parametrize("types", [("Q4_1", "Q4_1", "Q4_1"), ("Q5_0", "Q8_0", "Q4_K"), ("Q6_K", "Q4_0"),
                                    ("Q4_K", "Q6_K", "Q8_0")])
@@ -63,7 +85,7 @@ def test_simd_linear_many(isa, types):
     K = 512
     ts = [fake_tensor(rng, q, n, K) for q, n in zip(types, (33, 17, 9))]
     lins = [Linear(t, t.shape, isa=isa) for t in ts]
-    for M in (1, 5, 64):
+    for M in (1, 3, 5, 6, 64):
         x = rng.standard_normal((M, K)).astype(np.float32)
         ys = linear_many(x, lins, llama_rounding=True)
         for y, t, q in zip(ys, ts, types):

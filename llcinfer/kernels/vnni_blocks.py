@@ -1,16 +1,20 @@
-"""The per-group inner loops of vnni_matmul.py: one group of W packed weight rows against
-one row (``run*_1``) or four rows (``run*_4``) of int8 activations, returning the groups'
-f32 accumulator vectors; per weight type family: the 32-value blocks (Q4_0, Q4_1, Q5_0,
-Q8_0: ``dec32`` decodes a block to bytes, ``acc32`` feeds them to the rows) and the
-K-quants (Q4_K, Q6_K: 256-value super-blocks).  vnni_matmul.py explains the arithmetic.
+"""The per-group inner loops of vnni_matmul.py for the 32-value block types (Q4_0, Q4_1,
+Q5_0, Q8_0; the K-quants are in vnni_kquant.py): one group of W packed weight rows against
+one row (``run32_1``), two rows (``run32_2``) or four rows (``run32_4``) of int8
+activations, returning the group's f32 accumulator vectors.  ``dec32`` decodes a block to
+bytes, ``_acc32`` feeds them to one row.  vnni_matmul.py explains the arithmetic.
+
+Every row's accumulator sees the same operations in the same order in every tile, so an
+output does not depend on the tile its row falls in (tests/test_kernels_simd.py checks it
+bit for bit).
 """
 
 import numpy as np
 
 from ..jit import inline_kernel, kernel
 from ..weights.repack import Q4_0, Q4_1, Q4_K, Q5_0, Q8_0
-from .simd import ldf, ldi, prefetch_l1, prefetch_l2, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
-from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
+from .simd import ldf, ldi, prefetch_l2, vbcast4, vlanes, vload, vload_f16, vsplat
+from .simd_math import vand, vcvt, vdot_u4, vdot_u5, vdot_q8, vfma, vmul, vor, vshr, vzero_f, vzero_i
 
 
 # Bytes ahead of the weight stream prefetched along a one-row loop (decode) of the 32-value
@@ -19,15 +23,6 @@ from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u5, vdot_u6, vdot_q8, vfm
 # thread, alternating (perf/ab_kernels.py matvec): Q8_0 0.80x the time, Q5_0 0.77x; 2 threads
 # 0.88 / 0.85.  512 or 2048 bytes ahead: slower than 1024.  Measured on AVX2 (8-row groups).
 W_AHEAD = 1024
-
-
-# Bytes ahead of the weight stream prefetched along the one-row K-quant loops (Q4_K, Q6_K):
-# spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
-# of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
-# perf/overlap_ceiling.py --kernels (1 thread, weights from DRAM over the probe): Q4_K 0.67-
-# 0.76 with no prefetch, 0.76 with the burst 1 KiB ahead, 0.92-0.98 spread 2 KiB ahead; Q6_K
-# 0.73-0.82 with the burst, 0.92 spread.  Measured on AVX2 (8-row groups) only.
-K_AHEAD = 2048
 
 
 @inline_kernel
@@ -82,13 +77,6 @@ def _x8(xr, k0, tag):
     return (vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag),
             vbcast4(xr, k0 + 16, tag), vbcast4(xr, k0 + 20, tag), vbcast4(xr, k0 + 24, tag),
             vbcast4(xr, k0 + 28, tag))
-
-
-@kernel
-def _dot4(q0, q1, q2, q3, xr, k0, init, tag):
-    """init + sum over 4 k-groups (16 values: a Q6_K sub-block, weights 0..63)."""
-    xs = (vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag))
-    return vdot_u6(init, (q0, q1, q2, q3), xs, tag)
 
 
 @kernel
@@ -156,6 +144,25 @@ def run32_1(qt, wa, xa, xda, xsa, K, m, tag):
 
 
 @inline_kernel
+def run32_2(qt, wa, xa, xda, xsa, K, m, tag):
+    """Activation rows m, m+1: each block decoded once, used by the 2 rows; the weight
+    stream prefetched as in run32_1 (with M = 2 or 3 this is the only pass over it)."""
+    bs = block_bytes(qt) * vlanes(tag)
+    nb = K // 32
+    x0 = xa + m * K
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        _w_ahead(wa, o, bs)
+        qs = dec32(qt, wa, o, tag)
+        i = m * nb + b
+        a0 = _acc32(qt, wa, o, qs, x0, ldf(xda, i), ldi(xsa, i), 32 * b, a0, tag)
+        a1 = _acc32(qt, wa, o, qs, x0 + K, ldf(xda, i + nb), ldi(xsa, i + nb), 32 * b, a1, tag)
+    return a0, a1
+
+
+@inline_kernel
 def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
     """Activation rows m..m+3: each block decoded once, used by the 4 rows."""
     bs = block_bytes(qt) * vlanes(tag)
@@ -173,177 +180,4 @@ def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
         a1 = _acc32(qt, wa, o, qs, x0 + K, ldf(xda, i + nb), ldi(xsa, i + nb), 32 * b, a1, tag)
         a2 = _acc32(qt, wa, o, qs, x0 + 2 * K, ldf(xda, i + 2 * nb), ldi(xsa, i + 2 * nb), 32 * b, a2, tag)
         a3 = _acc32(qt, wa, o, qs, x0 + 3 * K, ldf(xda, i + 3 * nb), ldi(xsa, i + 3 * nb), 32 * b, a3, tag)
-    return a0, a1, a2, a3
-
-
-# ------------------------------------------------------------------- K-quant blocks
-@kernel
-def _x_ahead(xr, xsr, b):
-    """Prefetch into L1 the activations of 256-value block b of one row: its 256 int8
-    values (4 lines at xr) and its 16 sums (1 line at xsr).  A group of rows with
-    more than 32 KiB of weights (K > about 3000 for Q4_K) streams them through L1 between
-    two uses of the activations, which then come back from L2 on demand: one thread read
-    Q4_K 1536x8960 at 22.5 GB/s, with this one block ahead 26.2 GB/s (probe 28.0; 2 or 4
-    blocks ahead 23-24; 8960x1536, 15 KiB per group, 27 GB/s either way).  Per token,
-    1 thread: 0.970x Qwen2.5-1.5B d0, 0.982x Qwen2.5-0.5B d4096.  (The 32-value types
-    read 8x fewer activation bytes per weight byte: Q8_0/Q4_0 2816x4864 unchanged.)"""
-    for i in range(4):
-        prefetch_l1(xr, 256 * b + 64 * i)
-    prefetch_l1(xsr, 64 * b)
-
-
-# ---------------------------------------------------------------------------- Q4_K
-@kernel
-def _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag):
-    """Sub-block s (32 values) of the Q4_K block at byte o, one activation row
-    (xr: its int8 values, xsr: its sums of 16)."""
-    W = vlanes(tag)
-    ai = vdot_u4(vzero_i(tag), qs, _x8(xr, 256 * b + 32 * s, tag), tag)
-    isum = vadd(isum, vmul(ai, vload_u8(wa, o + 4 * W + s * W, tag)))
-    bsum = ldi(xsr, 16 * b + 2 * s) + ldi(xsr, 16 * b + 2 * s + 1)
-    imin = vadd(imin, vmul(vload_u8(wa, o + 12 * W + s * W, tag), vsplat(bsum, tag)))
-    return isum, imin
-
-
-@kernel
-def _k4_end(wa, o, dx, isum, imin, acc, tag):
-    W = vlanes(tag)
-    acc = vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
-    return vfma(vcvt(imin), vmul(vload_f16(wa, o + 2 * W, tag), vsplat(-dx, tag)), acc)
-
-
-@kernel
-def runk4_1(wa, xa, xda, xsa, K, m, tag):
-    W = vlanes(tag)
-    bs = 148 * W
-    nb = K // 256
-    xr = xa + m * K
-    xsr = xsa + 4 * m * (K // 16)
-    acc = vzero_f(tag)
-    for b in range(nb):
-        o = b * bs
-        _x_ahead(xr, xsr, b + 1)
-        isum = vzero_i(tag)
-        imin = vzero_i(tag)
-        for s in range(8):
-            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
-            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
-            isum, imin = _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag)
-        acc = _k4_end(wa, o, ldf(xda, m * nb + b), isum, imin, acc, tag)
-    return acc
-
-
-@kernel
-def runk4_4(wa, xa, xda, xsa, K, m, tag):
-    W = vlanes(tag)
-    bs = 148 * W
-    nb = K // 256
-    x0 = xa + m * K
-    xs0 = xsa + 4 * m * (K // 16)
-    xss = 4 * (K // 16)
-    a0 = vzero_f(tag)
-    a1 = vzero_f(tag)
-    a2 = vzero_f(tag)
-    a3 = vzero_f(tag)
-    for b in range(nb):
-        o = b * bs
-        s0 = vzero_i(tag)
-        s1 = vzero_i(tag)
-        s2 = vzero_i(tag)
-        s3 = vzero_i(tag)
-        n0 = vzero_i(tag)
-        n1 = vzero_i(tag)
-        n2 = vzero_i(tag)
-        n3 = vzero_i(tag)
-        for s in range(8):
-            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
-            s0, n0 = _k4_sub(wa, o, s, qs, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k4_sub(wa, o, s, qs, x0 + K, xs0 + xss, b, s1, n1, tag)
-            s2, n2 = _k4_sub(wa, o, s, qs, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
-            s3, n3 = _k4_sub(wa, o, s, qs, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
-        i = m * nb + b
-        a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
-        a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
-        a2 = _k4_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
-        a3 = _k4_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
-    return a0, a1, a2, a3
-
-
-# ---------------------------------------------------------------------------- Q6_K
-@kernel
-def _dec6(wp, p, tag):
-    """Chunk of 32 values at byte p (nib 16W, then 2 high-2-bit vectors): 8 k-groups 0..63."""
-    vb = 4 * vlanes(tag)
-    q = _nib8(wp, p, tag)
-    h0 = vload(wp, p + 4 * vb, tag)
-    h1 = vload(wp, p + 5 * vb, tag)
-    m = vsplat(0x30303030, tag)
-    return (vor(q[0], vand(vshl(h0, 4), m)), vor(q[1], vand(vshl(h0, 2), m)),
-            vor(q[2], vand(h0, m)), vor(q[3], vand(vshr(h0, 2), m)),
-            vor(q[4], vand(vshl(h1, 4), m)), vor(q[5], vand(vshl(h1, 2), m)),
-            vor(q[6], vand(h1, m)), vor(q[7], vand(vshr(h1, 2), m)))
-
-
-@kernel
-def _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag):
-    """Sub-blocks 2c, 2c+1 (16 values each) of the Q6_K block at byte o, one activation row."""
-    W = vlanes(tag)
-    k0 = 256 * b + 32 * c
-    sb = 16 * b + 2 * c
-    a = _dot4(qs[0], qs[1], qs[2], qs[3], xr, k0, vsplat(-32 * ldi(xsr, sb), tag), tag)
-    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c) * W, tag)))
-    a = _dot4(qs[4], qs[5], qs[6], qs[7], xr, k0 + 16, vsplat(-32 * ldi(xsr, sb + 1), tag), tag)
-    return vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c + 1) * W, tag)))
-
-
-@kernel
-def runk6_1(wa, xa, xda, xsa, K, m, tag):
-    W = vlanes(tag)
-    bs = 210 * W
-    nb = K // 256
-    xr = xa + m * K
-    xsr = xsa + 4 * m * (K // 16)
-    acc = vzero_f(tag)
-    for b in range(nb):
-        o = b * bs
-        _x_ahead(xr, xsr, b + 1)
-        isum = vzero_i(tag)
-        for c in range(8):
-            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
-            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            isum = _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag)
-        acc = vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(ldf(xda, m * nb + b), tag)), acc)
-    return acc
-
-
-@kernel
-def runk6_4(wa, xa, xda, xsa, K, m, tag):
-    W = vlanes(tag)
-    bs = 210 * W
-    nb = K // 256
-    x0 = xa + m * K
-    xs0 = xsa + 4 * m * (K // 16)
-    xss = 4 * (K // 16)
-    a0 = vzero_f(tag)
-    a1 = vzero_f(tag)
-    a2 = vzero_f(tag)
-    a3 = vzero_f(tag)
-    for b in range(nb):
-        o = b * bs
-        s0 = vzero_i(tag)
-        s1 = vzero_i(tag)
-        s2 = vzero_i(tag)
-        s3 = vzero_i(tag)
-        for c in range(8):
-            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            s0 = _k6_chunk(wa, o, c, qs, x0, xs0, b, s0, tag)
-            s1 = _k6_chunk(wa, o, c, qs, x0 + K, xs0 + xss, b, s1, tag)
-            s2 = _k6_chunk(wa, o, c, qs, x0 + 2 * K, xs0 + 2 * xss, b, s2, tag)
-            s3 = _k6_chunk(wa, o, c, qs, x0 + 3 * K, xs0 + 3 * xss, b, s3, tag)
-        d = vload_f16(wa, o, tag)
-        i = m * nb + b
-        a0 = vfma(vcvt(s0), vmul(d, vsplat(ldf(xda, i), tag)), a0)
-        a1 = vfma(vcvt(s1), vmul(d, vsplat(ldf(xda, i + nb), tag)), a1)
-        a2 = vfma(vcvt(s2), vmul(d, vsplat(ldf(xda, i + 2 * nb), tag)), a2)
-        a3 = vfma(vcvt(s3), vmul(d, vsplat(ldf(xda, i + 3 * nb), tag)), a3)
     return a0, a1, a2, a3

@@ -19,11 +19,12 @@ vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed byt
 (llama.cpp's sign trick), its bias term unused.
 
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded
-once and fed to the 4 rows' accumulators; the rest one at a time.  A group's weights stay
+once and fed to the 4 rows' accumulators; a remainder of 2 or 3 rows takes a 2-row tile,
+then a last single row (M = 3: 2 + 1, M = 7: 4 + 2 + 1).  A group's weights stay
 in L1/L2 while every row of x passes over them.  The one-row loops (decode) prefetch the
 weight stream ``vnni_blocks.W_AHEAD`` bytes ahead (groups are contiguous, so past a group
-lies the next).  The loops over one group, per weight type, are in vnni_blocks.py; this
-module holds the drivers.
+lies the next).  The loops over one group, per weight type, are in vnni_blocks.py and
+vnni_kquant.py; this module holds the drivers.
 """
 
 from numba import prange
@@ -31,7 +32,8 @@ from numba import prange
 from ..jit import inline_kernel, kernel, parallel_kernel
 from ..weights.repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 from .simd import addr, stf, vlane, vlanes, vstore, vtag
-from .vnni_blocks import run32_1, run32_4, runk4_1, runk4_4, runk6_1, runk6_4
+from .vnni_blocks import run32_1, run32_2, run32_4
+from .vnni_kquant import runk4_1, runk4_2, runk4_4, runk6_1, runk6_2, runk6_4
 
 
 # ------------------------------------------------------------------------- drivers
@@ -66,7 +68,17 @@ def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
         _put(ya, ny, m + 2, n0, nv, a2, tag)
         _put(ya, ny, m + 3, n0, nv, a3, tag)
         m += 4
-    while m < M:
+    if m + 2 <= M:
+        if qt == Q4_K:
+            a0, a1 = runk4_2(wa, xa, xda, xsa, K, m, tag)
+        elif qt == Q6_K:
+            a0, a1 = runk6_2(wa, xa, xda, xsa, K, m, tag)
+        else:
+            a0, a1 = run32_2(qt, wa, xa, xda, xsa, K, m, tag)
+        _put(ya, ny, m, n0, nv, a0, tag)
+        _put(ya, ny, m + 1, n0, nv, a1, tag)
+        m += 2
+    if m < M:
         if qt == Q4_K:
             a0 = runk4_1(wa, xa, xda, xsa, K, m, tag)
         elif qt == Q6_K:
@@ -74,7 +86,6 @@ def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
         else:
             a0 = run32_1(qt, wa, xa, xda, xsa, K, m, tag)
         _put(ya, ny, m, n0, nv, a0, tag)
-        m += 1
 
 
 @kernel

@@ -101,9 +101,9 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
     tasks = math.ceil(rows / tile)
     t = len(cores)
     t_eff = min(t, tasks)
-    # the kernel decodes each weight block once per 4 activation rows, then once per
-    # remaining row (vnni_matmul: 4-row and 1-row paths)
-    unpacks = b // 4 + b % 4
+    # the kernel decodes each weight block once per 4 activation rows, once for a
+    # remaining pair and once for a last row (vnni_matmul: 4-, 2- and 1-row paths)
+    unpacks = b // 4 + (b % 4) // 2 + b % 2
     read = compute = 0.0
     for qtype, nbytes, n_weights in _op_tensors(w, layer, op):
         # from DRAM: the kernel's measured streaming rate, with 4 rows at a time when b >= 4

@@ -1,0 +1,269 @@
+"""The per-group inner loops of vnni_matmul.py for the K-quants (Q4_K, Q6_K: 256-value
+super-blocks): one group of W packed weight rows against one row (``runk*_1``), two rows
+(``runk*_2``) or four rows (``runk*_4``) of int8 activations, returning the group's f32
+accumulator vectors.  vnni_matmul.py explains the arithmetic, repack.py the layout.
+
+Every row's accumulator sees the same operations in the same order in every tile (per
+super-block: the integer sums of its sub-blocks, then one fused multiply-add per float
+term), so an output does not depend on the tile its row falls in.
+"""
+
+from ..jit import kernel
+from .simd import ldf, ldi, prefetch_l1, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
+from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u6, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
+from .vnni_blocks import _nib8, _w_part, _x8
+
+
+# Bytes ahead of the weight stream prefetched along the one- and two-row K-quant loops:
+# spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
+# of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
+# perf/overlap_ceiling.py --kernels (1 thread, weights from DRAM over the probe): Q4_K 0.67-
+# 0.76 with no prefetch, 0.76 with the burst 1 KiB ahead, 0.92-0.98 spread 2 KiB ahead; Q6_K
+# 0.73-0.82 with the burst, 0.92 spread.  Measured on AVX2 (8-row groups) only.
+K_AHEAD = 2048
+
+
+@kernel
+def _x_ahead(xr, xsr, b):
+    """Prefetch into L1 the activations of 256-value block b of one row: its 256 int8
+    values (4 lines at xr) and its 16 sums (1 line at xsr).  A group of rows with
+    more than 32 KiB of weights (K > about 3000 for Q4_K) streams them through L1 between
+    two uses of the activations, which then come back from L2 on demand: one thread read
+    Q4_K 1536x8960 at 22.5 GB/s, with this one block ahead 26.2 GB/s (probe 28.0; 2 or 4
+    blocks ahead 23-24; 8960x1536, 15 KiB per group, 27 GB/s either way).  Per token,
+    1 thread: 0.970x Qwen2.5-1.5B d0, 0.982x Qwen2.5-0.5B d4096.  (The 32-value types
+    read 8x fewer activation bytes per weight byte: Q8_0/Q4_0 2816x4864 unchanged.)"""
+    for i in range(4):
+        prefetch_l1(xr, 256 * b + 64 * i)
+    prefetch_l1(xsr, 64 * b)
+
+
+# ---------------------------------------------------------------------------- Q4_K
+@kernel
+def _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag):
+    """Sub-block s (32 values) of the Q4_K block at byte o, one activation row
+    (xr: its int8 values, xsr: its sums of 16)."""
+    W = vlanes(tag)
+    ai = vdot_u4(vzero_i(tag), qs, _x8(xr, 256 * b + 32 * s, tag), tag)
+    isum = vadd(isum, vmul(ai, vload_u8(wa, o + 4 * W + s * W, tag)))
+    bsum = ldi(xsr, 16 * b + 2 * s) + ldi(xsr, 16 * b + 2 * s + 1)
+    imin = vadd(imin, vmul(vload_u8(wa, o + 12 * W + s * W, tag), vsplat(bsum, tag)))
+    return isum, imin
+
+
+@kernel
+def _k4_end(wa, o, dx, isum, imin, acc, tag):
+    W = vlanes(tag)
+    acc = vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
+    return vfma(vcvt(imin), vmul(vload_f16(wa, o + 2 * W, tag), vsplat(-dx, tag)), acc)
+
+
+@kernel
+def runk4_1(wa, xa, xda, xsa, K, m, tag):
+    W = vlanes(tag)
+    bs = 148 * W
+    nb = K // 256
+    xr = xa + m * K
+    xsr = xsa + 4 * m * (K // 16)
+    acc = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        _x_ahead(xr, xsr, b + 1)
+        isum = vzero_i(tag)
+        imin = vzero_i(tag)
+        for s in range(8):
+            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
+            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
+            isum, imin = _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag)
+        acc = _k4_end(wa, o, ldf(xda, m * nb + b), isum, imin, acc, tag)
+    return acc
+
+
+@kernel
+def runk4_2(wa, xa, xda, xsa, K, m, tag):
+    """Rows m, m+1: each sub-block decoded once for both; weights and activations
+    prefetched as in runk4_1 (with M = 2 or 3 this is the only pass over the weights)."""
+    W = vlanes(tag)
+    bs = 148 * W
+    nb = K // 256
+    x0 = xa + m * K
+    xs0 = xsa + 4 * m * (K // 16)
+    xss = 4 * (K // 16)
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        _x_ahead(x0, xs0, b + 1)
+        _x_ahead(x0 + K, xs0 + xss, b + 1)
+        s0 = vzero_i(tag)
+        s1 = vzero_i(tag)
+        n0 = vzero_i(tag)
+        n1 = vzero_i(tag)
+        for s in range(8):
+            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
+            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
+            s0, n0 = _k4_sub(wa, o, s, qs, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k4_sub(wa, o, s, qs, x0 + K, xs0 + xss, b, s1, n1, tag)
+        i = m * nb + b
+        a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
+        a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
+    return a0, a1
+
+
+@kernel
+def runk4_4(wa, xa, xda, xsa, K, m, tag):
+    W = vlanes(tag)
+    bs = 148 * W
+    nb = K // 256
+    x0 = xa + m * K
+    xs0 = xsa + 4 * m * (K // 16)
+    xss = 4 * (K // 16)
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    a2 = vzero_f(tag)
+    a3 = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        for r in range(4):
+            _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
+        s0 = vzero_i(tag)
+        s1 = vzero_i(tag)
+        s2 = vzero_i(tag)
+        s3 = vzero_i(tag)
+        n0 = vzero_i(tag)
+        n1 = vzero_i(tag)
+        n2 = vzero_i(tag)
+        n3 = vzero_i(tag)
+        for s in range(8):
+            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
+            s0, n0 = _k4_sub(wa, o, s, qs, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k4_sub(wa, o, s, qs, x0 + K, xs0 + xss, b, s1, n1, tag)
+            s2, n2 = _k4_sub(wa, o, s, qs, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
+            s3, n3 = _k4_sub(wa, o, s, qs, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
+        i = m * nb + b
+        a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
+        a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
+        a2 = _k4_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
+        a3 = _k4_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
+    return a0, a1, a2, a3
+
+
+# ---------------------------------------------------------------------------- Q6_K
+@kernel
+def _dot4(q0, q1, q2, q3, xr, k0, init, tag):
+    """init + sum over 4 k-groups (16 values: a Q6_K sub-block, weights 0..63)."""
+    xs = (vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag))
+    return vdot_u6(init, (q0, q1, q2, q3), xs, tag)
+
+
+@kernel
+def _dec6(wp, p, tag):
+    """Chunk of 32 values at byte p (nib 16W, then 2 high-2-bit vectors): 8 k-groups 0..63."""
+    vb = 4 * vlanes(tag)
+    q = _nib8(wp, p, tag)
+    h0 = vload(wp, p + 4 * vb, tag)
+    h1 = vload(wp, p + 5 * vb, tag)
+    m = vsplat(0x30303030, tag)
+    return (vor(q[0], vand(vshl(h0, 4), m)), vor(q[1], vand(vshl(h0, 2), m)),
+            vor(q[2], vand(h0, m)), vor(q[3], vand(vshr(h0, 2), m)),
+            vor(q[4], vand(vshl(h1, 4), m)), vor(q[5], vand(vshl(h1, 2), m)),
+            vor(q[6], vand(h1, m)), vor(q[7], vand(vshr(h1, 2), m)))
+
+
+@kernel
+def _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag):
+    """Sub-blocks 2c, 2c+1 (16 values each) of the Q6_K block at byte o, one activation row."""
+    W = vlanes(tag)
+    k0 = 256 * b + 32 * c
+    sb = 16 * b + 2 * c
+    a = _dot4(qs[0], qs[1], qs[2], qs[3], xr, k0, vsplat(-32 * ldi(xsr, sb), tag), tag)
+    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c) * W, tag)))
+    a = _dot4(qs[4], qs[5], qs[6], qs[7], xr, k0 + 16, vsplat(-32 * ldi(xsr, sb + 1), tag), tag)
+    return vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c + 1) * W, tag)))
+
+
+@kernel
+def _k6_end(wa, o, dx, isum, acc, tag):
+    return vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
+
+
+@kernel
+def runk6_1(wa, xa, xda, xsa, K, m, tag):
+    W = vlanes(tag)
+    bs = 210 * W
+    nb = K // 256
+    xr = xa + m * K
+    xsr = xsa + 4 * m * (K // 16)
+    acc = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        _x_ahead(xr, xsr, b + 1)
+        isum = vzero_i(tag)
+        for c in range(8):
+            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
+            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
+            isum = _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag)
+        acc = _k6_end(wa, o, ldf(xda, m * nb + b), isum, acc, tag)
+    return acc
+
+
+@kernel
+def runk6_2(wa, xa, xda, xsa, K, m, tag):
+    """Rows m, m+1, as runk4_2."""
+    W = vlanes(tag)
+    bs = 210 * W
+    nb = K // 256
+    x0 = xa + m * K
+    xs0 = xsa + 4 * m * (K // 16)
+    xss = 4 * (K // 16)
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        _x_ahead(x0, xs0, b + 1)
+        _x_ahead(x0 + K, xs0 + xss, b + 1)
+        s0 = vzero_i(tag)
+        s1 = vzero_i(tag)
+        for c in range(8):
+            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
+            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
+            s0 = _k6_chunk(wa, o, c, qs, x0, xs0, b, s0, tag)
+            s1 = _k6_chunk(wa, o, c, qs, x0 + K, xs0 + xss, b, s1, tag)
+        i = m * nb + b
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, a1, tag)
+    return a0, a1
+
+
+@kernel
+def runk6_4(wa, xa, xda, xsa, K, m, tag):
+    W = vlanes(tag)
+    bs = 210 * W
+    nb = K // 256
+    x0 = xa + m * K
+    xs0 = xsa + 4 * m * (K // 16)
+    xss = 4 * (K // 16)
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    a2 = vzero_f(tag)
+    a3 = vzero_f(tag)
+    for b in range(nb):
+        o = b * bs
+        for r in range(4):
+            _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
+        s0 = vzero_i(tag)
+        s1 = vzero_i(tag)
+        s2 = vzero_i(tag)
+        s3 = vzero_i(tag)
+        for c in range(8):
+            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
+            s0 = _k6_chunk(wa, o, c, qs, x0, xs0, b, s0, tag)
+            s1 = _k6_chunk(wa, o, c, qs, x0 + K, xs0 + xss, b, s1, tag)
+            s2 = _k6_chunk(wa, o, c, qs, x0 + 2 * K, xs0 + 2 * xss, b, s2, tag)
+            s3 = _k6_chunk(wa, o, c, qs, x0 + 3 * K, xs0 + 3 * xss, b, s3, tag)
+        i = m * nb + b
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, a1, tag)
+        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, a2, tag)
+        a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, a3, tag)
+    return a0, a1, a2, a3

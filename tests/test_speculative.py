@@ -122,6 +122,8 @@ def test_greedy_identity_every_drafter_tiny_model(tiny, policy, executor, monkey
     for spec in ("ngram", "suffix", f"draft:{draft}"):
         llm = LLM(str(target), threads=2, n_ctx=512, n_seq=4, speculative=spec, spec_policy=policy)
         assert (llm.engine.speculator.executor is not None) == executor
+        if spec.startswith("draft:"):  # the draft's steps on its own executor, on the target's threads
+            assert (getattr(llm.engine.speculator.drafter, "executor", None) is not None) == executor
         llm.engine.speculator.cost = FREE
         got = _generate(llm, prompts)
         st = llm.spec_stats

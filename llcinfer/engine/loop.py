@@ -151,9 +151,11 @@ class Engine:
             for c in batch.chunks:
                 self._finish(c.request, "error", e)
             return True
-        if self.speculator is not None and any(c.tree is not None for c in batch.chunks):
-            self.speculator.stats.verifications += 1
-            self.speculator.stats.verify_seconds += time.perf_counter() - now
+        if self.speculator is not None:
+            if any(c.tree is not None for c in batch.chunks):
+                self.speculator.stats.verifications += 1
+                self.speculator.stats.verify_seconds += time.perf_counter() - now
+            self.speculator.prefilled(batch)
         self._post_process(batch, logits)
         self.n_steps += 1
         return True

@@ -79,6 +79,8 @@ class Speculator:
         prefix) and one plain decode step, medians; fit the knee and slope.  Verification
         runs where the runner will run it: on its executor when it has one."""
         self.executor = runner.executor
+        if self.executor is not None and hasattr(self.drafter, "use_executor"):
+            self.drafter.use_executor(self.executor)
         seq = new_sequence("verify-cost")
         try:
             model.forward_chunks([(seq, list(range(1, 65)))])
@@ -101,6 +103,8 @@ class Speculator:
         if self.budget is not None:
             cost.k_max = int(self.budget)
         self.cost = cost
+        if hasattr(self.drafter, "price"):
+            self.drafter.price(cost.decode_s, cost.slope_s, model.weights.nbytes)
         return cost
 
     # ------------------------------------------------------------------ per step
@@ -163,6 +167,18 @@ class Speculator:
         for _, s, i in cand[:best_r]:
             keep[s][i] = True
         return [t.subset(k) for t, k in zip(trees, keep)]
+
+    def prefilled(self, batch) -> None:
+        """After a step: a drafter with its own model reads the prompt chunks that just ran,
+        so its prompt is prefilled with the target's (before the first token), not at the
+        request's first proposal."""
+        if not hasattr(self.drafter, "prefill"):
+            return
+        chunks = [c for c in batch.chunks if c.tree is None and c.start < c.request.n_prompt]
+        if chunks:
+            t0 = time.perf_counter()
+            self.drafter.prefill([(c.request.id, c.request.tokens[:c.start + len(c.tokens)]) for c in chunks])
+            self.stats.draft_seconds += time.perf_counter() - t0
 
     def accept(self, req, chunk, rows: np.ndarray, sample) -> None:
         """The walk over ``rows``  # [n + 1, vocab] (``sample(row)``: the engine's draw of the

@@ -70,7 +70,11 @@ def unsupported_reason(model) -> str | None:
 
 
 class DecodeExecutor:
-    def __init__(self, model, domains: Domains):
+    """Decode steps of ``model`` on ``domains``' workers.  ``workers``: run on another
+    executor's pool (a draft model's steps on the target's threads, one after the other;
+    same cores), which the owner closes."""
+
+    def __init__(self, model, domains: Domains, workers: WorkerPool | None = None):
         why = unsupported_reason(model)
         if why:
             raise UnsupportedModelError(f"executor: {why}")
@@ -100,7 +104,10 @@ class DecodeExecutor:
         self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks))
         self.attn_norm = np.stack([lw.attn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
         self.ffn_norm = np.stack([lw.ffn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
-        self.workers = WorkerPool(domains.cores, [0] * len(domains.weight) + [1] * len(domains.attention))
+        if workers is not None and workers.n != len(domains.cores):
+            raise ValueError(f"executor: a shared pool of {workers.n} workers for {len(domains.cores)} cores")
+        self._owns_workers = workers is None
+        self.workers = workers or WorkerPool(domains.cores, [0] * len(domains.weight) + [1] * len(domains.attention))
         n_w = len(domains.weight)
         self._weight_ids = list(range(n_w))
         self._attn_ids = list(range(n_w, n_w + len(domains.attention)))
@@ -277,11 +284,12 @@ class DecodeExecutor:
         return b["logits"].copy()
 
     def close(self) -> None:
-        self.workers.close()
+        if self._owns_workers:
+            self.workers.close()
 
     def __del__(self):  # the pool's threads keep it alive, not this object
         try:
-            self.workers.close()
+            self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 

@@ -2,9 +2,11 @@
 
 Each request gets a sequence in the draft model's own KV pool, kept in step with the
 request's tokens (what the target rejected is truncated away at the next proposal).  One
-proposal runs ``depth`` batched draft forwards for every drafting request at once: the
-first catches the sequence up (the tokens the target accepted since), each next one
-feeds the previous draft token.  Drafts are greedy (the draft's top-1), so the tree is
+proposal runs ``depth`` draft steps for every drafting request at once: the first
+catches the sequence up (the tokens the target accepted since), each next one feeds the
+previous draft token.  The steps run on the draft's own DecodeExecutor sharing the
+target's worker threads (``use_executor``) where the draft model allows it, else as
+batched forwards.  Drafts are greedy (the draft's top-1), so the tree is
 deterministic and the acceptance walk stays lossless; the root also gets the draft's
 next-best tokens as siblings.  A node's confidence is the draft's probability of its
 path (product of the draft's softmax probabilities along it).
@@ -14,12 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import KV_F16, KV_F32
 from ..errors import UsageError
+from ..executor import DecodeExecutor, unsupported_reason
 from ..kv import PagedSequence
 from .tree import DraftTree
 
 _SIBLINGS = 2  # extra root children: the draft's 2nd and 3rd choices
-_MIN_CONF = 0.02  # a chain stops growing below this path confidence
+_MIN_CONF = 0.02  # a chain stops growing below this path confidence (see min_conf)
+_EXECUTOR_ROWS = 16  # longest catch-up a draft step runs on the executor
 
 
 def check_draft_compatible(draft_cfg, target_cfg, draft_vocab: list[str], target_vocab: list[str],
@@ -44,9 +49,35 @@ class DraftModelDrafter:
     def __init__(self, model, n_ctx: int, n_seq: int, depth: int = 6):
         self.model = model  # a Transformer: forward_chunks, new_pool
         self.depth = depth
+        self.min_conf = _MIN_CONF  # path confidence below which drafting one more token costs more than it gains
         self.n_ctx = n_ctx
         self.pool, self.prefix = model.new_pool(n_ctx, n_seq, None, prefix_sharing=False)
         self._seqs: dict[object, object] = {}  # request key -> its PagedSequence in the draft pool
+        self.executor: DecodeExecutor | None = None
+
+    def use_executor(self, target_executor: DecodeExecutor) -> bool:
+        """Run the draft steps on the target executor's domains and threads; False (batched
+        forwards stay) when the draft model or its KV pool cannot run on an executor."""
+        if unsupported_reason(self.model) is not None or self.pool.kind not in (KV_F16, KV_F32):
+            return False
+        self.executor = DecodeExecutor(self.model, target_executor.domains, workers=target_executor.workers)
+        return True
+
+    def price(self, decode_s: float, slope_s: float, target_bytes: int) -> None:
+        """Stop drafting where the next token's path confidence no longer pays for its draft
+        step (the target's decode step scaled by the weight bytes each streams) and its
+        verification row: min_conf = (draft step + slope) / target decode step."""
+        draft_s = decode_s * self.model.weights.nbytes / max(target_bytes, 1)
+        self.min_conf = float(min(0.9, max(_MIN_CONF, (draft_s + slope_s) / max(decode_s, 1e-9))))
+
+    def _step(self, chunks: list) -> np.ndarray:
+        """Logits  # [len(chunks), vocab] at each chunk's last token; a catch-up of more than
+        ``_EXECUTOR_ROWS`` tokens (the prompt, at a request's first proposal) runs as a
+        batched forward, as prefill does."""
+        if self.executor is None or max(len(t) for _, t in chunks) > _EXECUTOR_ROWS:
+            return self.model.forward_chunks(chunks)
+        logits = self.executor.step_rows([s for s, _ in chunks], [t for _, t in chunks])
+        return logits[np.cumsum([len(t) for _, t in chunks]) - 1]
 
     def _seq(self, key):
         if key not in self._seqs:
@@ -68,7 +99,7 @@ class DraftModelDrafter:
             chunks.append((seq, tokens[common:]))
             live.append((r, seq, [], [], max_nodes, []))
         while chunks:
-            logits = self.model.forward_chunks(chunks)  # [n live, vocab] at each chunk's last token
+            logits = self._step(chunks)  # [n live, vocab] at each chunk's last token
             chunks, still = [], []
             for (r, seq, toks, conf, cap, siblings), row in zip(live, logits):
                 p = _softmax(row.astype(np.float64))  # [vocab]
@@ -79,7 +110,7 @@ class DraftModelDrafter:
                     siblings.extend((int(t), float(p[t])) for t in order[1:])
                 toks.append(int(order[0]))
                 conf.append(path_conf * float(p[order[0]]))
-                if len(toks) < min(self.depth, cap) and conf[-1] >= _MIN_CONF and seq.n_tokens + 2 < self.n_ctx:
+                if len(toks) < min(self.depth, cap) and conf[-1] >= self.min_conf and seq.n_tokens + 2 < self.n_ctx:
                     chunks.append((seq, [toks[-1]]))
                     still.append((r, seq, toks, conf, cap, siblings))
                 else:
@@ -100,6 +131,17 @@ class DraftModelDrafter:
             confs.append(pc)
         # parents before children holds: the chain first, root siblings (parent -1) after
         return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), np.asarray(confs, np.float64))
+
+    def prefill(self, requests: list[tuple[object, list[int]]]) -> None:
+        """Extend each (key, prompt tokens so far)'s draft sequence to those tokens, in one
+        batched forward (the target's prompt chunks of this step)."""
+        chunks = []
+        for key, tokens in requests:
+            seq = self._seq(key)
+            if seq.tokens == tokens[:seq.n_tokens] and len(tokens) > seq.n_tokens and len(tokens) + 1 < self.n_ctx:
+                chunks.append((seq, list(tokens[seq.n_tokens:])))
+        if chunks:
+            self.model.forward_chunks(chunks)
 
     def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
         return self.propose_many([(key, tokens, max_nodes)])[0]

@@ -111,3 +111,36 @@ def int8_kv_round(x, group):
     v = g * inv
     q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
     return (q * d).reshape(x.shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- sparse indexer
+def index_keys(k, basis):
+    """kernels/sparse_index.store_index_rows: k  # [n, KVH, D], basis  # [KVH, r, D] ->
+    (q  # [n, KVH, r] int8 values, s  # [n, KVH] f32) with y = basis @ k, s = max|y| / 127."""
+    y = np.einsum("nhd,hrd->nhr", k.astype(np.float64), basis.astype(np.float64)).astype(np.float32)
+    s = (np.abs(y).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(s > 0, np.float32(1) / np.where(s > 0, s, 1), 0).astype(np.float32)
+    v = y * inv[..., None]
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
+    return q.astype(np.int8), s
+
+
+def block_scores(qt, q, s, G, phi, agg, w, n_sink, n_win, bs):
+    """kernels/sparse_index.score_topk's scores of its candidate blocks  # [n_cand]:
+    x[h, t] = qt[h] . q[t, kvh(h)] s[t, kvh(h)];  I[t] = sum_h w[h] phi(x[h, t]);  a block's
+    score the max (agg 0) or sum (agg 1) of its tokens' I."""
+    n = q.shape[0]
+    nb = -(-n // bs)
+    kvh = np.arange(qt.shape[0]) // G
+    x = np.einsum("hr,thr->ht", qt.astype(np.float64), (q[:, kvh] * s[:, kvh, None]).astype(np.float64))  # [H, n]
+    if phi == 1:
+        kept = np.zeros(n, bool)
+        kept[:n_sink * bs] = True
+        kept[(nb - n_win) * bs:] = True
+        m = x[:, kept].max(1, keepdims=True)
+        per = np.exp(np.minimum(x - m, 60.0))
+    else:
+        per = np.maximum(x, 0.0)
+    tok = (w[:, None] * per).sum(0)  # [n]
+    cand = tok[n_sink * bs:(nb - n_win) * bs].reshape(-1, bs)
+    return cand.max(1) if agg == 0 else cand.sum(1)

@@ -20,6 +20,7 @@ LAYERS = [
     ["engine"],
     ["planner"],
     ["executor"],
+    ["sparse"],
     ["kv"],
     ["kernels"],
     ["weights"],

@@ -153,6 +153,18 @@ class PagedSequence:
                     out[kv, t - start] = raw * np.repeat(sc.reshape(KVH, gs), p.group, axis=1)
         return out[0], out[1]
 
+    def keys(self, layer: int) -> np.ndarray:
+        """k  # [n_tokens, n_kv_head, head_dim] f32 of one layer, read in bulk (calibration);
+        an int8 pool goes through ``read``."""
+        p, bs, n = self.pool, self.block_size, self._n
+        if not p.head_major:
+            return self.read(layer, 0, n)[0]
+        KVH, D, nb = p.n_kv_head, p.head_dim, self.n_blocks
+        chunks = p._chunks()[layer * KVH:(layer + 1) * KVH][:, self.table[:nb], :bs * D]  # [KVH, block, K^T elems]
+        kt = chunks.reshape(KVH, nb, D, bs)  # [KVH, block, D, token]
+        kt = kt.view(np.float16) if p.kind == KV_F16 else kt
+        return np.ascontiguousarray(kt.transpose(1, 3, 0, 2).reshape(nb * bs, KVH, D)[:n], dtype=np.float32)
+
     def attention(self, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray) -> None:
         """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1"""
         p = self.pool

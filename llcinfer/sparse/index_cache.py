@@ -1,0 +1,68 @@
+"""The paged index cache: one int8 index key (and its f32 scale) per token, full layer and
+KV head, stored per *pool block* beside the KV pool.
+
+It uses the pool's own block ids, so whatever a sequence's block table says holds for the
+index too: a forked sequence and a sequence that adopted a shared prefix read the index
+entries the first writer left in those blocks (an entry is a function of the token's key,
+as the K/V are), a truncated or freed block is rewritten before any position in it is read
+again, and a copy-on-write copies the block's index entries with its K/V (the pool calls
+``copy_block`` of its companions).
+
+    idx  # [full layer, pool block, kv_head, token, rank] int8
+    isc  # [full layer, pool block, kv_head, token] f32
+
+Only "full" layers (those with their own indexer, policy.py) have a slot.  The arrays are
+zero-filled anonymous memory: a block's pages are committed when first written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.sparse_index import store_index_rows
+from ..kv import KVPool
+
+
+class IndexCache:
+    def __init__(self, pool: KVPool, full_layers: list[int], rank: int):
+        self.pool, self.rank = pool, int(rank)
+        self.full_layers = list(full_layers)
+        self.slot_of = np.full(pool.n_layer, -1, np.int64)  # [layer] slot in idx, -1: no index
+        self.slot_of[self.full_layers] = np.arange(len(self.full_layers))
+        n_full = max(1, len(self.full_layers))
+        KVH, bs = pool.n_kv_head, pool.block_size
+        self.idx = np.zeros((n_full, pool.n_blocks, KVH, bs, self.rank), np.int8)  # [full layer, pool block, kv_head, token, rank]
+        self.isc = np.zeros((n_full, pool.n_blocks, KVH, bs), np.float32)  # [full layer, pool block, kv_head, token]
+        pool.companions.append(self)
+
+    def has_index(self, layer: int) -> bool:
+        return self.slot_of[layer] >= 0
+
+    def store(self, layer: int, k: np.ndarray, positions: np.ndarray, row_seq: np.ndarray, tables: np.ndarray,
+              basis: np.ndarray) -> None:
+        """Index keys of the rows  k  # [M, KVH*D] f32 (rotated) of one full layer;
+        basis  # [KVH, rank, D] f32 that layer's."""
+        store_index_rows(k, basis, positions, row_seq, tables, self.pool.block_size, int(self.slot_of[layer]),
+                         self.idx, self.isc)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.idx[:, dst] = self.idx[:, src]
+        self.isc[:, dst] = self.isc[:, src]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Index bytes of one token: full layers x KV heads x (rank int8 + one f32 scale)."""
+        return len(self.full_layers) * self.pool.n_kv_head * (self.rank + 4)
+
+    @property
+    def bytes_per_token_all_layers(self) -> int:
+        """What an index on every layer would take (the saving of full layers only)."""
+        return self.pool.n_layer * self.pool.n_kv_head * (self.rank + 4)
+
+    def stats(self) -> dict:
+        p = self.pool
+        kv_per_token = p.used_bytes_per_block // p.block_size
+        return {"index_bytes_per_token": self.bytes_per_token, "index_full_layers": len(self.full_layers),
+                "index_bytes_per_token_all_layers": self.bytes_per_token_all_layers,
+                "kv_bytes_per_token": kv_per_token,
+                "index_committed_bytes": p.n_committed * p.block_size * self.bytes_per_token}

@@ -200,3 +200,26 @@ def test_index_cache_follows_fork_truncate_cow_and_prefix_sharing(tiny):
         assert sp.stats.rows > 0 and sp.stats.keys_attended < sp.stats.keys_total  # some rows ran sparse
     finally:
         tm.sparse = None
+
+
+def test_llm_sparse_surface(tiny):
+    """LLM(sparse=True): the basis is calibrated once and cached, decode rows leave the
+    executor, kv_stats reports the index cache; below the threshold output equals dense."""
+    from llcinfer import LLM
+    from llcinfer.errors import UsageError
+
+    path, _ = tiny
+    with pytest.raises(UsageError):
+        LLM(str(path), threads=1, sparse_top_k=64)  # needs sparse=True
+    with pytest.raises(UsageError):
+        LLM(str(path), threads=1, sparse=True, sparse_top_k=0)
+    dense = LLM(str(path), threads=1, n_ctx=128).generate("hello the world", max_tokens=6, temperature=0)
+    llm = LLM(str(path), threads=1, n_ctx=128, sparse=True, sparse_top_k=64)
+    assert llm.executor_note == "sparse attention runs on the batched path"
+    assert llm.engine.sparse.config.top_k == 64 and llm.engine.sparse.kinds == ["dense", "dense", "full"]
+    out = llm.generate("hello the world", max_tokens=6, temperature=0)
+    assert out == dense  # every row under the 4096-key threshold: dense
+    st = llm.kv_stats()
+    assert st["index_full_layers"] == 1 and st["index_bytes_per_token"] == 1 * 2 * (16 + 4)
+    assert st["index_bytes_per_token_all_layers"] == 3 * 2 * 20 and st["kv_bytes_per_token"] > 0
+    assert st["sparse_rows"] == 0 and st["sparse_keys_fraction"] is None

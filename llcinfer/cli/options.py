@@ -34,6 +34,15 @@ def kv_options(f):
     return f
 
 
+def sparse_options(f):
+    """Sparse attention for long contexts (LLM's sparse, sparse_top_k)."""
+    f = click.option("--sparse-top-k", type=int, default=None,
+                     help="Tokens the sparse indexer picks (default 1024; needs --sparse).")(f)
+    f = click.option("--sparse", is_flag=True,
+                     help="Sparse attention on rows with 4096 keys or more (indexer calibrated on first use).")(f)
+    return f
+
+
 def sampling_options(f):
     opts = [
         click.option("--max-tokens", "-n", type=int, default=_D.max_tokens, show_default=True,

@@ -36,12 +36,12 @@ def test_store_index_rows_matches_oracle(n):
     basis = random_basis(rng, 1, KVH, r, D)[0]
     k = (rng.standard_normal((n, KVH * D)) * 2).astype(np.float32)
     table = scattered_table(rng, 40, -(-n // bs))
-    idx = np.full((2, 40, KVH, bs, r), 99, np.int8)  # [slot, block, kv_head, token, rank]; 99: never written
+    idx = np.full((2, 40, KVH, r, bs), 99, np.int8)  # [slot, block, kv_head, rank, token]; 99: never written
     isc = np.full((2, 40, KVH, bs), np.nan, np.float32)
     store_index_rows(k, basis, np.arange(n), np.zeros(n, np.int64), table[None], bs, 1, idx, isc)
     want_q, want_s = naive.index_keys(k.reshape(n, KVH, D), basis)
     pos = np.arange(n)
-    got_q = idx[1, table[pos // bs], :, pos % bs]  # [n, KVH, r]
+    got_q = idx[1, table[pos // bs], :, :, pos % bs]  # [n, KVH, r]
     got_s = isc[1, table[pos // bs], :, pos % bs]
     np.testing.assert_allclose(got_s, want_s, rtol=1e-5)
     assert np.abs(got_q.astype(int) - want_q).max() <= 1  # fastmath sums: a value on a .5 boundary
@@ -60,10 +60,10 @@ def test_score_topk_matches_oracle(phi, agg, n_keys, k_blocks):
     table = scattered_table(rng, nb + 9, nb)
     q = rng.integers(-127, 128, (n_keys, KVH, r)).astype(np.int8)
     s = rng.uniform(0.001, 0.02, (n_keys, KVH)).astype(np.float32)
-    idx = np.zeros((1, nb + 9, KVH, bs, r), np.int8)
+    idx = np.zeros((1, nb + 9, KVH, r, bs), np.int8)
     isc = np.zeros((1, nb + 9, KVH, bs), np.float32)
     pos = np.arange(n_keys)
-    idx[0, table[pos // bs], :, pos % bs] = q
+    idx[0, table[pos // bs], :, :, pos % bs] = q
     isc[0, table[pos // bs], :, pos % bs] = s
     qt = rng.standard_normal((H, r)).astype(np.float32)
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
@@ -163,7 +163,7 @@ def index_of(sp, seq):
     """The index entries of seq's positions  # [full layer, n, KVH, r], [full layer, n, KVH]."""
     pos = np.arange(seq.n_tokens)
     blk, j = seq.table[pos // sp.pool.block_size], pos % sp.pool.block_size
-    return (np.stack([x[blk, :, j] for x in sp.index.idx]),  # x[blk, :, j]: [n, KVH, r]
+    return (np.stack([x[blk, :, :, j] for x in sp.index.idx]),  # x[blk, :, :, j]: [n, KVH, r]
             np.stack([x[blk, :, j] for x in sp.index.isc]))
 
 

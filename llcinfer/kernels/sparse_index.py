@@ -5,7 +5,7 @@ Index keys (one per token, layer and KV head) are the post-RoPE key projected on
 per-(layer, KV head) basis of rank r, stored int8 with one f32 scale per token and head:
 
     y = basis[h] @ k[h];   s = max|y| / 127;   q = round(y / s)        (half away from zero)
-    idx  # [full layer, pool block, kv_head, token, rank] int8
+    idx  # [full layer, pool block, kv_head, rank, token] int8 (transposed, as K: a block's dots are vector FMAs)
     isc  # [full layer, pool block, kv_head, token] f32
 
 The scorer follows DSA's form over the query heads h (G of them per KV head):
@@ -13,7 +13,9 @@ The scorer follows DSA's form over the query heads h (G of them per KV head):
     x[h, t] = qt[h] . (idx[t, kvh(h)] * isc[t, kvh(h)])     qt: query heads projected, * scale
     I[t]    = sum_h w[h] * phi(x[h, t])
         phi = relu:  max(x, 0)
-        phi = exp:   exp(x - m[h]),  m[h] = max of x[h, .] over the always-kept tokens
+        phi = exp:   exp(x - m[h]),  m[h] = max of x[h, .] over the always-kept tokens,
+                     as (1 + d / 256)^256, d = clip(x - m, -60, 60) (8 squarings, no libm call:
+                     the loop over a block's tokens vectorizes; it ranks as exp does)
     score(block) = max_t I[t] (agg max)  or  sum_t I[t] (agg sum)
 
 and keeps the K best candidate blocks in a min-heap while it reads them, so no [heads,
@@ -57,7 +59,7 @@ def store_index_rows(k, basis, pos, seq, tables, bs, slot, idx, isc):
             for i in range(r):
                 v = y[i] * inv
                 iv = np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)
-                idx[slot, blk, h, j, i] = min(127, max(-127, iv))
+                idx[slot, blk, h, i, j] = min(127, max(-127, iv))
 
 
 @inline_kernel
@@ -65,7 +67,7 @@ def _head_dot(qt, idx, isc, slot, blk, h, j, hh):
     """x[hh, token j of blk] = qt[hh] . dequantized index key of head h."""
     acc = np.float32(0.0)
     for i in range(qt.shape[1]):
-        acc += qt[hh, i] * np.float32(idx[slot, blk, h, j, i])
+        acc += qt[hh, i] * np.float32(idx[slot, blk, h, i, j])
     return acc * isc[slot, blk, h, j]
 
 
@@ -122,6 +124,54 @@ def _heap_push(heap_s, heap_b, n, score, b):
     return n
 
 
+@inline_kernel
+def _phi_exp(d):
+    """exp(d) as (1 + d / 256)^256 for d clipped to [-60, 60]."""
+    y = np.float32(1.0) + min(max(d, -_EXP_CAP), _EXP_CAP) * np.float32(1.0 / 256.0)
+    for _ in range(8):
+        y = y * y
+    return y
+
+
+@kernel
+def score_blocks(qt, idx, isc, slot, table, bs, G, phi, agg, w, hmax, b0, b1, heap_s, heap_b):
+    """Candidate blocks b0 .. b1-1 (full) scored into the min-heap heap_s, heap_b  # [K];
+    returns how many it holds.  hmax  # [H]: the per-head max (phi exp)."""
+    KVH = idx.shape[2]
+    H, r = qt.shape
+    x = np.empty((H, bs), np.float32)  # [H, token] dots of one block
+    deq = np.empty(bs, np.float32)  # [token] one rank row of a head's index keys
+    tok = np.empty(bs, np.float32)  # [token] I[t]
+    n = 0
+    for b in range(b0, b1):
+        blk = table[b]
+        x[:, :] = 0.0
+        for h in range(KVH):
+            for i in range(r):
+                for j in range(bs):
+                    deq[j] = np.float32(idx[slot, blk, h, i, j])
+                for g in range(G):
+                    c = qt[h * G + g, i]
+                    for j in range(bs):
+                        x[h * G + g, j] += c * deq[j]
+        tok[:] = 0.0
+        for hh in range(H):
+            sc = isc[slot, blk, hh // G]  # [token] scales
+            wh = w[hh]
+            if phi == PHI_EXP:
+                m = hmax[hh]
+                for j in range(bs):
+                    tok[j] += wh * _phi_exp(x[hh, j] * sc[j] - m)
+            else:
+                for j in range(bs):
+                    tok[j] += wh * max(x[hh, j] * sc[j], np.float32(0.0))
+        best = tok[0]
+        for j in range(1, bs):
+            best = best + tok[j] if agg == AGG_SUM else max(best, tok[j])
+        n = _heap_push(heap_s, heap_b, n, best, b)
+    return n
+
+
 @kernel
 def score_topk(qt, idx, isc, slot, table, n_keys, bs, G, phi, agg, w, n_sink, n_win, hmax, heap_s, heap_b):
     """The best heap_s.size candidate blocks of one query row; returns how many were kept.
@@ -130,27 +180,8 @@ def score_topk(qt, idx, isc, slot, table, n_keys, bs, G, phi, agg, w, n_sink, n_
     int32 the sequence's pool blocks;  keys 0 .. n_keys-1;  w  # [H] head weights;
     hmax  # [H] scratch;  heap_s  # [K] f32, heap_b  # [K] int32 (sequence block slots, not
     sorted).  Candidates: blocks n_sink .. nb - n_win - 1 (all full)."""
-    KVH = idx.shape[2]
     nb = (n_keys + bs - 1) // bs
     if phi == PHI_EXP:
         _kept_head_max(qt, idx, isc, slot, table, n_keys, bs, G, n_sink, n_win, hmax)
-    n = 0
-    for b in range(n_sink, nb - n_win):
-        blk = table[b]
-        best = np.float32(0.0)
-        for j in range(bs):
-            tot = np.float32(0.0)
-            for h in range(KVH):
-                for g in range(G):
-                    hh = h * G + g
-                    x = _head_dot(qt, idx, isc, slot, blk, h, j, hh)
-                    if phi == PHI_EXP:
-                        tot += w[hh] * np.exp(min(x - hmax[hh], _EXP_CAP))
-                    else:
-                        tot += w[hh] * max(x, np.float32(0.0))
-            if agg == AGG_SUM:
-                best += tot
-            elif j == 0 or tot > best:
-                best = tot
-        n = _heap_push(heap_s, heap_b, n, best, b)
-    return n
+    return score_blocks(qt, idx, isc, slot, table, bs, G, phi, agg, w, hmax, n_sink, nb - n_win, heap_s, heap_b)
+

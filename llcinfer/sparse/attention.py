@@ -117,9 +117,10 @@ class SparseAttention:
         if n_cand <= self.k_blocks:
             return seq.table[:nb]
         qt = np.einsum("hrd,hd->hr", self.head_basis[layer], q).astype(np.float32) * np.float32(scale)  # [H, rank]
-        n = score_topk(qt, self.index.idx, self.index.isc, int(self.index.slot_of[layer]), seq.table, n_keys, bs,
-                       self.G, self.phi, self.agg, self.weights, n_sink, n_win, self._hmax, self._heap_s, self._heap_b)
-        slots = np.concatenate([np.arange(n_sink), np.sort(self._heap_b[:n]), np.arange(nb - n_win, nb)])
+        args = (qt, self.index.idx, self.index.isc, int(self.index.slot_of[layer]), seq.table, n_keys, bs, self.G,
+                self.phi, self.agg, self.weights, n_sink, n_win, self._hmax)
+        chosen = self._heap_b[:score_topk(*args, self._heap_s, self._heap_b)]
+        slots = np.concatenate([np.arange(n_sink), np.sort(chosen), np.arange(nb - n_win, nb)])
         self.stats.selections += 1
         return seq.table[slots]
 

@@ -8,7 +8,7 @@ as the K/V are), a truncated or freed block is rewritten before any position in 
 again, and a copy-on-write copies the block's index entries with its K/V (the pool calls
 ``copy_block`` of its companions).
 
-    idx  # [full layer, pool block, kv_head, token, rank] int8
+    idx  # [full layer, pool block, kv_head, rank, token] int8 (transposed, as K)
     isc  # [full layer, pool block, kv_head, token] f32
 
 Only "full" layers (those with their own indexer, policy.py) have a slot.  The arrays are
@@ -31,7 +31,7 @@ class IndexCache:
         self.slot_of[self.full_layers] = np.arange(len(self.full_layers))
         n_full = max(1, len(self.full_layers))
         KVH, bs = pool.n_kv_head, pool.block_size
-        self.idx = np.zeros((n_full, pool.n_blocks, KVH, bs, self.rank), np.int8)  # [full layer, pool block, kv_head, token, rank]
+        self.idx = np.zeros((n_full, pool.n_blocks, KVH, self.rank, bs), np.int8)  # [full layer, pool block, kv_head, rank, token]
         self.isc = np.zeros((n_full, pool.n_blocks, KVH, bs), np.float32)  # [full layer, pool block, kv_head, token]
         pool.companions.append(self)
 

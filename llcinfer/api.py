@@ -24,6 +24,7 @@ from .engine.loop import DEFAULT_STEP_TOKENS, Engine
 from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
+from .engine.speculation import build_speculator
 from .engine.transformer import Transformer
 from . import settings
 from .errors import ChatTemplateError, UsageError
@@ -60,6 +61,12 @@ class LLM:
         kv_budget_mb: most KV memory committed at once (default: available RAM less the
             model and a margin); past it the newest request is preempted and recomputed
             later, and a request that cannot fit even alone gets ``OutOfMemoryError``.
+        speculative: speculative decoding, ``"ngram"`` (prompt lookup), ``"suffix"`` (lookup
+            in every request seen), ``"draft:MODEL"`` (a smaller model of the same
+            vocabulary), ``"auto"`` or None; lossless (greedy output unchanged, sampling
+            from the target's distribution).  ``spec_budget``: tokens per verification step
+            for the whole batch (default: the knee measured at start-up); ``spec_policy``
+            ``"super-tree"`` (one budget ranked across sequences) or ``"per-sequence"``.
         check_plan: time the chosen plan and the best one of the other kind for a few decode
             steps at start-up and keep the faster (``LLCINFER_CALIBRATE=0`` turns it off,
             and the first-use kernel calibration with it).
@@ -68,13 +75,15 @@ class LLM:
             blocks) a low-rank indexer of the model's own keys scores highest; the first two
             layers stay dense.  The indexer is calibrated on first use (seconds, once per
             model, cached beside the repacked weights).  Decode runs on the batched path.
+            Not with ``speculative``.
         sparse_top_k: tokens the indexer picks (default 1024).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_STEP_TOKENS, progress: bool = True,
                  numerics: str = "llama.cpp", kv_type: str | None = None, n_seq: int = 1,
-                 kv_budget_mb: float | None = None, check_plan: bool = True, sparse: bool = False,
+                 kv_budget_mb: float | None = None, check_plan: bool = True, speculative: str | None = None,
+                 spec_budget: int | None = None, spec_policy: str = "super-tree", sparse: bool = False,
                  sparse_top_k: int | None = None):
         if numerics not in ("llama.cpp", "f32"):
             raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
@@ -90,6 +99,9 @@ class LLM:
             raise UsageError(f"sparse_top_k must be a positive integer (got {sparse_top_k!r})")
         if sparse_top_k is not None and not sparse:
             raise UsageError("sparse_top_k needs sparse=True")
+        if sparse and speculative not in (None, "none"):
+            raise UsageError("sparse attention and speculative decoding do not combine yet (draft tree rows "
+                             "move K/V the index cache does not follow)")
         sparse_config = (SparseConfig() if sparse_top_k is None else SparseConfig(top_k=sparse_top_k)) if sparse else None
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
@@ -110,11 +122,16 @@ class LLM:
         # the executor, the kernels are calibrated at first use and the plan checked by timing
         self.plan = self._plan(n_ctx, n_seq, check_plan)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
+        speculator = build_speculator(speculative, self.model, list(self.gguf.metadata.get("tokenizer.ggml.tokens", [])),
+                                      n_ctx, n_seq, spec_budget, spec_policy, progress, numerics == "llama.cpp",
+                                      kv_type)
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
                              kv_budget_bytes=budget, domains=domains_from_plan(self.plan, self.config),
-                             sparse=sparse_config)
+                             speculator=speculator, sparse=sparse_config)
         self.executor_note = self.engine.runner.executor_note  # why decode rows skip the executor (None: they don't)
         self.engine.runner.warm_up(self.engine.new_sequence)
+        if speculator is not None:
+            speculator.measure_cost(self.model, self.engine.runner, self.engine.new_sequence)
         self._last_stats = GenerationStats()
 
     def _plan(self, n_ctx: int, n_seq: int, check: bool):
@@ -260,6 +277,13 @@ class LLM:
     def close(self) -> None:
         """Stop the engine thread (cancelling what still runs) and the executor's workers."""
         self.engine.close()
+
+    @property
+    def spec_stats(self):
+        """Speculative decoding counters since load (engine/speculation.py SpecStats), or
+        None without speculation."""
+        sp = self.engine.speculator
+        return None if sp is None else sp.stats
 
     @property
     def last_stats(self) -> GenerationStats:

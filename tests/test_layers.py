@@ -18,6 +18,7 @@ LAYERS = [
     ["bench"],
     ["api", "__init__"],
     ["engine"],
+    ["speculative"],
     ["planner"],
     ["executor"],
     ["sparse"],

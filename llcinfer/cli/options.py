@@ -43,6 +43,23 @@ def sparse_options(f):
     return f
 
 
+def spec_options(f):
+    """Speculative decoding options (generate, chat)."""
+    f = click.option("--spec-policy", type=click.Choice(["super-tree", "per-sequence"]), default="super-tree",
+                     show_default=True, help="One verification budget ranked across sequences, or equal shares.")(f)
+    f = click.option("--spec-budget", type=int, default=None,
+                     help="Tokens per verification step for the whole batch (default: the measured knee).")(f)
+    f = click.option("--spec", default="none", show_default=True,
+                     help="Speculative decoding: none | ngram | suffix | draft:MODEL | auto (lossless).")(f)
+    return f
+
+
+def spec_kwargs(kw: dict) -> dict:
+    """Pop the spec options into LLM's keyword arguments."""
+    return {"speculative": kw.pop("spec"), "spec_budget": kw.pop("spec_budget"),
+            "spec_policy": kw.pop("spec_policy")}
+
+
 def sampling_options(f):
     opts = [
         click.option("--max-tokens", "-n", type=int, default=_D.max_tokens, show_default=True,

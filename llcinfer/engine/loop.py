@@ -28,6 +28,7 @@ from .request import Completion, Request, RequestHandle, State
 from .runner import ModelRunner
 from .sampling import SamplingParams, token_logprobs
 from .scheduler import Batch, Scheduler
+from .speculation import Speculator
 from .transformer import Transformer
 
 DEFAULT_STEP_TOKENS = 128  # tokens per step: decode rows plus prompt chunks
@@ -38,13 +39,15 @@ class Engine:
     that many contexts of ``n_ctx`` tokens; ``step_tokens`` tokens per step; ``kv_type``
     "f16" | "int8" | "f32" (None: the model's default); ``kv_budget_bytes`` caps the
     committed KV memory (None: available RAM less the model and a margin); ``domains``
-    the executor's cores (None: every row on the batched forward pass); ``sparse``: sparse
-    attention for long contexts (engine/sparse_setup.py; its decode rows skip the executor)."""
+    the executor's cores (None: every row on the batched forward pass); ``speculator``
+    drafts and verifies token trees for decoding requests (engine/speculation.py);
+    ``sparse``: sparse attention for long contexts (engine/sparse_setup.py; its decode rows
+    skip the executor).  The two do not combine (api.py refuses it)."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int, step_tokens: int = DEFAULT_STEP_TOKENS,
                  kv_type: str | None = None, n_seq: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_budget_bytes: int | None = None, prefix_sharing: bool = True, domains=None,
-                 sparse: SparseConfig | None = None):
+                 speculator: Speculator | None = None, sparse: SparseConfig | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.n_ctx = int(n_ctx)
@@ -56,6 +59,7 @@ class Engine:
             model.sparse = None
         self.runner = ModelRunner(model, self.pool.kind, domains)
         self.scheduler = Scheduler(self.pool, self.new_sequence, self.n_ctx, n_seq, step_tokens)
+        self.speculator = speculator
         self.n_steps = 0
         self._ids = itertools.count()
         self._inbox: deque = deque()  # ("add", request) | ("cancel", request) from any thread
@@ -144,6 +148,8 @@ class Engine:
             self._finish(req, "error", err)
         if not batch.chunks:
             return bool(batch.failed)
+        if self.speculator is not None:
+            self.speculator.extend(batch, self.n_ctx, self.scheduler.max_step_tokens)
         now = time.perf_counter()
         for c in batch.chunks:
             c.request.mark_scheduled(now)
@@ -153,6 +159,9 @@ class Engine:
             for c in batch.chunks:
                 self._finish(c.request, "error", e)
             return True
+        if self.speculator is not None and any(c.tree is not None for c in batch.chunks):
+            self.speculator.stats.verifications += 1
+            self.speculator.stats.verify_seconds += time.perf_counter() - now
         self._post_process(batch, logits)
         self.n_steps += 1
         return True
@@ -170,6 +179,10 @@ class Engine:
                     continue
             if row is None:
                 continue  # a prompt chunk short of the last token
+            if chunk.tree is not None:
+                req.n_computed = chunk.start + 1  # the root; the accepted path is kept after the walk
+                self.speculator.accept(req, chunk, row, lambda r, req=req: self._draw(req, r, now))
+                continue
             if req.want_logits and req.logits is None:
                 req.logits = np.array(row, np.float32)
             followers, req.followers = req.followers, []
@@ -202,7 +215,18 @@ class Engine:
         elif req.n_computed >= self.n_ctx:
             self._finish(req, "context")
 
+    def _draw(self, req: Request, row: np.ndarray, now: float) -> int | None:
+        """``_sample`` for the acceptance walk: the token drawn, None once req ended."""
+        if req.state is State.FINISHED:
+            return None
+        self._sample(req, row, now)
+        return None if req.state is State.FINISHED else req.tokens[-1]
+
     def _finish(self, req: Request, reason: str, error: Exception | None = None) -> None:
+        if req.seq is not None and req.seq.n_tokens > req.n_computed:
+            req.seq.truncate(req.n_computed)  # an unfinished verification's tree rows
+        if self.speculator is not None:
+            self.speculator.finish(req)
         followers, req.followers = req.followers, []
         for f in followers:  # it ended before its prompt was done: they compute it themselves
             if not f.cancel_requested:

@@ -43,6 +43,8 @@ class GenerationStats:
     prompt_seconds: float = 0.0  # first scheduled -> first token
     generation_seconds: float = 0.0  # first token -> last token
     stop_reason: str = ""  # "eos", "stop", "length", "context", "cancelled", "error"
+    spec_verified: int = 0  # draft tokens verified (speculative decoding)
+    spec_accepted: int = 0  # of those, accepted
 
     @property
     def ttft_s(self) -> float:
@@ -65,10 +67,11 @@ class GenerationStats:
         return 1000.0 / tps if tps > 0 else 0.0
 
     def summary(self) -> str:
+        spec = (f" | drafts: {self.spec_accepted}/{self.spec_verified} accepted" if self.spec_verified else "")
         return (
             f"prompt: {self.n_prompt_evaluated} tokens, {self.prompt_tps:.1f} tok/s | "
             f"generation: {self.n_generated} tokens, {self.generation_tps:.1f} tok/s, "
-            f"TPOT {self.tpot_ms:.2f} ms | stop: {self.stop_reason}"
+            f"TPOT {self.tpot_ms:.2f} ms{spec} | stop: {self.stop_reason}"
         )
 
 

@@ -10,8 +10,8 @@ Two kinds of row group today, each in one call per step:
                 forward pass (transformer.py) over every chunk's rows.
 A token is always computed by the same kind of group whatever else is in the batch, and
 both kinds compute a row from that row's inputs only, so a request's greedy output does
-not depend on what runs beside it.  Verification trees (several candidate tokens of one
-sequence, each row with its own attention mask) are the room left for a third kind.
+not depend on what runs beside it.  Verification chunks (a sequence's draft tree,
+engine/speculation.py) always run on the batched pass, each row with its tree mask.
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ class ModelRunner:
         return unsupported_reason(self.model)
 
     def run(self, batch: Batch) -> list[np.ndarray | None]:
-        """Logits  # [vocab] f32 for every chunk that samples (None for the others), in the
-        order of ``batch.chunks``; a chunk with prompt rows to score gets their logits in
+        """Logits  # [vocab] f32 for every chunk that samples (None for the others; a
+        verification chunk's  # [rows, vocab], one per tree row), in the order of
+        ``batch.chunks``; a chunk with prompt rows to score gets their logits in
         ``Chunk.scored_logits``."""
         out: list[np.ndarray | None] = [None] * len(batch.chunks)
         decode, rest = [], []
         for i, c in enumerate(batch.chunks):
-            if self.executor is not None and len(c.tokens) == 1 and c.start >= c.request.n_prompt:
+            if self.executor is not None and c.tree is None and len(c.tokens) == 1 and c.start >= c.request.n_prompt:
                 decode.append(i)
             else:
                 rest.append(i)
@@ -65,9 +66,13 @@ class ModelRunner:
         if rest:
             chunks = [batch.chunks[i] for i in rest]
             rows, sample_at = _logit_rows(chunks)
-            logits = self.model.forward_chunks([(c.request.seq, c.tokens) for c in chunks], rows)
+            trees = [None if c.tree is None else c.tree.chunk_parents() for c in chunks]
+            logits = self.model.forward_chunks([(c.request.seq, c.tokens) for c in chunks], rows,
+                                               trees if any(t is not None for t in trees) else None)
             for c, i, at in zip(chunks, rest, sample_at):
-                if c.samples:
+                if c.tree is not None:
+                    out[i] = logits[at + 1 - len(c.tokens):at + 1]  # [n + 1, vocab] every tree row
+                elif c.samples:
                     out[i] = logits[at]
                 if c.score_rows is not None:
                     lo, hi = c.score_rows
@@ -110,14 +115,20 @@ def _logit_rows(chunks) -> tuple[np.ndarray | None, list[int]]:
     """The rows of one batched pass whose logits are needed: each chunk's last row (the
     sampling row, when it samples) and the prompt rows a scoring request asks for.  Returns
     the row indices  # [R] (None when no chunk scores: the last rows only) and, per chunk,
-    the index of its last row among them; sets each scoring chunk's ``score_rows``."""
-    if all(c.request.score_from is None for c in chunks):
+    the index of its last row among them; sets each scoring chunk's ``score_rows``.  A
+    verification chunk needs all its rows."""
+    if all(c.request.score_from is None and c.tree is None for c in chunks):
         return None, list(range(len(chunks)))
     rows: list[int] = []
     last_at = []
     r0 = 0
     for c in chunks:
         n = len(c.tokens)
+        if c.tree is not None:  # a verification chunk: every row
+            rows.extend(range(r0, r0 + n))
+            last_at.append(len(rows) - 1)
+            r0 += n
+            continue
         first, end = c.score_first, min(c.start + n, c.request.n_prompt)  # scored: positions first .. end - 1
         if first is not None:
             lo = len(rows)

@@ -33,12 +33,14 @@ import numpy as np
 
 from ..errors import OutOfMemoryError
 from ..kv import KVPool, PagedSequence
+from ..speculative import DraftTree
 from .request import Request, State
 
 
 @dataclass
 class Chunk:
-    """Tokens of one request to run this step, at positions start .. start + len - 1.
+    """Tokens of one request to run this step, at positions start .. start + len - 1 (a
+    verification chunk: its draft tree after position start, engine/speculation.py).
     ``score_rows`` / ``scored_logits``: set by the runner for a chunk whose prompt rows are
     scored (its rows' place among the pass's logit rows, then their logits
     # [n, vocab] for positions score_first .. start + len - 1)."""
@@ -48,6 +50,7 @@ class Chunk:
     tokens: list[int]
     score_rows: tuple[int, int] | None = None
     scored_logits: np.ndarray | None = None
+    tree: DraftTree | None = None  # a verification chunk: tokens = [last token] + the tree's nodes
 
     @property
     def score_first(self) -> int | None:
@@ -231,6 +234,7 @@ class Scheduler:
                 if self.running:
                     return 0
                 raise  # pragma: no cover - _never_fits and an empty pool make this unreachable
+        seq.prefill_until = req.n_prompt  # prompt rows on the prefill kernel, in any chunk (PagedSequence.attention)
         req.seq, req.n_computed, req.state = seq, shared, State.RUNNING
         if not req.evaluated_once:
             req.stats.n_prompt_evaluated = req.n_prompt - min(shared, req.n_prompt)

@@ -22,6 +22,13 @@ from ..kernels.paged_attention import attention_tag
 from ..weights.repack_cache import wait_loaded
 
 
+def check_tree(parents: np.ndarray, n: int) -> None:
+    """ValueError unless ``parents``  # [n] is -1 for row 0 and an earlier row for every other."""
+    parents = np.asarray(parents, np.int64).reshape(-1)
+    if parents.size != n or parents[0] != -1 or np.any(parents[1:] < 0) or np.any(parents[1:] >= np.arange(1, n)):
+        raise ValueError("a draft tree's parents must be -1 for row 0 and an earlier row for every other")
+
+
 def rope_inv_freq(cfg: ModelConfig, freq_factors: np.ndarray | None) -> np.ndarray:
     """inv_freq[i] = base^(-2i/d) / factor[i]   # [rope_dim / 2] f64"""
     i = np.arange(cfg.rope_dim // 2, dtype=np.float64)
@@ -96,10 +103,16 @@ class Transformer:
         return logits if all_logits else logits[0]
 
     def forward_chunks(self, chunks: list[tuple[PagedSequence, list[int]]],
-                       logit_rows: np.ndarray | None = None) -> np.ndarray:
+                       logit_rows: np.ndarray | None = None,
+                       trees: list[np.ndarray | None] | None = None) -> np.ndarray:
         """Run each chunk's tokens at positions seq.n_tokens ... of its sequence and append
         their K/V to it, all chunks in one pass: the matmuls take the rows of every chunk
         at once, rope works per row, KV append and attention per chunk.
+
+        ``trees[i]`` (speculative verification): the parents  # [n] int of chunk i's rows
+        as a draft tree (-1 for row 0, the root; parents before children).  Row r then
+        sits at slot n + r, position n + depth(r), and attends to the prefix and its
+        ancestors only; the sequence keeps every row until ``seq.commit_path``.
 
         Returns logits # [n_chunks, vocab] of each chunk's last token, or # [R, vocab] of
         the rows ``logit_rows``  # [R] (indices into the pass's rows, chunk after chunk).  A
@@ -123,12 +136,37 @@ class Transformer:
             raise ValueError("forward: every sequence must live in one KV pool")
         for (seq, _), i in zip(chunks, ids):
             seq.prepare(i)  # room check; blocks committed (OutOfMemoryError before any compute)
+        pos0 = [seq.n_tokens for seq, _ in chunks]
+        trees = trees or [None] * len(chunks)
+        for t, i, p in zip(trees, ids, pos0):
+            if t is not None:
+                check_tree(t, i.size)
+                if pool.kind == KV_INT8 or p < 1:
+                    raise ValueError("a draft tree needs a committed prefix in an f16 or f32 KV pool")
+                if self.sparse is not None:
+                    raise ValueError("draft trees and sparse attention do not combine (the index cache stays put)")
+        tree_rows = []
+        try:
+            for (seq, _), t in zip(chunks, trees):
+                tree_rows.append(None if t is None else seq.tree_rows(t))
+            return self._forward(chunks, ids, pos0, logit_rows, trees, tree_rows)
+        finally:
+            for r in tree_rows:
+                if r is not None:
+                    r.release()
+
+    def _forward(self, chunks, ids, pos0, logit_rows, trees, tree_rows) -> np.ndarray:
+        c, w = self.config, self.weights
+        pool = chunks[0][0].pool
         all_ids = np.concatenate(ids)  # [M] the rows of every chunk, chunk after chunk
         M = all_ids.size
         ends = np.cumsum([i.size for i in ids])  # [n_chunks] row after each chunk's last
         starts = ends - np.array([i.size for i in ids])
-        pos0 = [seq.n_tokens for seq, _ in chunks]
-        positions = np.concatenate([np.arange(p, p + i.size, dtype=np.int64) for p, i in zip(pos0, ids)])  # [M]
+        slots = np.concatenate([np.arange(p, p + i.size, dtype=np.int64) for p, i in zip(pos0, ids)])  # [M]
+        positions = slots.copy()  # [M] RoPE positions: a tree row's is its depth after the prefix
+        for rows, p, r0, r1 in zip(tree_rows, pos0, starts, ends):
+            if rows is not None:
+                positions[r0:r1] = p + rows.depth
         row_seq = np.repeat(np.arange(len(chunks), dtype=np.int64), [i.size for i in ids])  # [M] chunk of each row
         tables = np.zeros((len(chunks), max(seq.n_blocks for seq, _ in chunks)), np.int32)  # [chunk, blocks]
         for t, (seq, _) in zip(tables, chunks):
@@ -147,16 +185,18 @@ class Transformer:
             q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv], rnd)  # [M, H*D], [M, KVH*D], [M, KVH*D]
             # + bias, rope, Q rounded to f16 as llama.cpp multiplies it by its f16 K cache, K/V appended
             K.rope_append_rows(q, k, v, self.bq, self.bk, self.bv, self.has_bias, li, c.n_head // c.n_kv_head,
-                               c.head_dim, positions, row_seq, cs, c.rope_neox, rnd, kv["pool"], kv["kv_kind"],
+                               c.head_dim, slots, row_seq, cs, c.rope_neox, rnd, kv["pool"], kv["kv_kind"],
                                tables, c.n_kv_head, kv["bs"], self.tag)
             if sp is not None:  # index keys of the rotated K (full layers)
-                sp.store_index(li, k, positions, row_seq, tables)
+                sp.store_index(li, k, slots, row_seq, tables)
             q3 = q.reshape(M, c.n_head, c.head_dim)
-            for (seq, _), r0, r1, p0, sel in zip(chunks, starts, ends, pos0, selected):
+            for (seq, _), r0, r1, p0, tr, sel in zip(chunks, starts, ends, pos0, tree_rows, selected):
                 if kv["kv_kind"] == KV_INT8:  # rows quantized with their scales (not appended above)
                     seq.store(li, p0, k[r0:r1].reshape(-1, c.n_kv_head, c.head_dim),
                               v[r0:r1].reshape(-1, c.n_kv_head, c.head_dim))
-                if sp is None:
+                if tr is not None:
+                    seq.tree_attention(li, q3[r0:r1], p0, tr, self.scale, attn[r0:r1])
+                elif sp is None:
                     seq.attention(li, q3[r0:r1], p0, self.scale, attn[r0:r1])
                 else:
                     sp.attend(seq, li, q3[r0:r1], p0, self.scale, attn[r0:r1], sel)
@@ -165,8 +205,8 @@ class Transformer:
             gate, up = K.linear_many(h, [lw.w_gate, lw.w_up], rnd)  # [M, d_ff] each
             K.swiglu(gate, up, gate, self.tag)
             x += lw.w_down(gate, llama_rounding=rnd)
-        for (seq, _), i in zip(chunks, ids):
-            seq.finish(i)  # n_tokens += rows; full blocks indexed for prefix sharing
+        for (seq, _), i, t in zip(chunks, ids, trees):
+            seq.finish(i, index=t is None)  # n_tokens += rows; full blocks indexed for prefix sharing
         rows = x[ends - 1] if logit_rows is None else x[np.asarray(logit_rows, np.int64)]
         K.rms_norm(rows, w.output_norm, c.rms_eps, rows)
         return w.output(np.ascontiguousarray(rows), llama_rounding=rnd)  # [n_chunks or M, vocab]

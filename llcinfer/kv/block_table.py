@@ -5,9 +5,12 @@ The sequence is the cache object ``Transformer.forward`` takes:
 
     prepare(ids)                 room check, copy-on-write of a shared tail block, new blocks
     store(layer, pos0, k, v)     k, v  # [M, kv_head, head_dim] f32 -> the pool's storage type
-    attention(layer, q, n_past, scale, out)
+    attention(layer, q, n_past, scale, out)   prompt rows: the blocked prefill kernel
     finish(ids)                  n_tokens += M; index blocks that became full (prefix sharing)
     truncate(n)                  rollback: drop every position >= n (whole blocks go back)
+    tree_attention(...), commit_path(n_prefix, path)
+                                 a draft tree after the prefix (speculative verification):
+                                 its rows' attention, then the accepted path kept
 
 ``prepare`` raises OutOfMemoryError before any compute when the pool cannot commit a
 block; the sequence is then exactly as it was, and other sequences are unaffected.
@@ -20,7 +23,9 @@ import numpy as np
 
 from ..dtypes import KV_F16, KV_F32
 from ..errors import ContextLengthError, OutOfMemoryError
-from ..kernels.paged_attention import kv_index, paged_attention, store_rows, store_rows_int8
+from ..kernels.paged_attention import attention_tag, kv_index, paged_attention, store_rows, store_rows_int8
+from ..kernels.prefill_attention import prefill_attention
+from ..kernels.tree_attention import move_kv_slots, tree_attention
 from ..kernels.tables import F16_TO_F32
 from .pool import KVPool
 from .prefix import PrefixCache
@@ -37,6 +42,9 @@ class PagedSequence:
         self.tokens: list[int] = []  # token id at each position (-1: written without a token id)
         self._n = 0
         self._indexed = 0  # ids[:_indexed] are all set
+        # positions below this attend on the blocked prefill kernel, the rest on the decode
+        # kernels; None: the rows of a call with M > 1 rows (see ``attention``)
+        self.prefill_until: int | None = None
 
     # ------------------------------------------------------------------ size
     @property
@@ -166,15 +174,66 @@ class PagedSequence:
         return np.ascontiguousarray(kt.transpose(1, 3, 0, 2).reshape(nb * bs, KVH, D)[:n], dtype=np.float32)
 
     def attention(self, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray) -> None:
-        """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1"""
-        p = self.pool
-        paged_attention(q, p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, self.table[:self.n_blocks],
-                        layer, p.n_kv_head, self.block_size, n_past, np.float32(scale), out,
-                        threads=numba.get_num_threads())
+        """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1.
 
-    def finish(self, ids) -> None:
+        Rows at positions below ``prefill_until`` run on the blocked prefill kernel, the
+        others on the decode kernels (the two round differently).  The engine sets it to
+        the prompt length, so that a prompt row rounds the same whatever chunk it is in
+        (a 1-token chunk included) and a generated row recomputed after preemption as in
+        its decode step; None (other callers): the blocked kernel for calls of M > 1 rows."""
+        p, M = self.pool, q.shape[0]
+        if self.prefill_until is None:
+            n_pre = M if M > 1 else 0
+        else:
+            n_pre = min(M, max(0, self.prefill_until - n_past))
+        args = (p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, self.table[:self.n_blocks], layer,
+                p.n_kv_head, self.block_size)
+        threads = numba.get_num_threads()
+        if n_pre:
+            prefill_attention(q[:n_pre], *args, n_past, np.float32(scale), out[:n_pre], threads=threads)
+        if n_pre < M:
+            paged_attention(q[n_pre:], *args, n_past + n_pre, np.float32(scale), out[n_pre:], threads=threads)
+
+    def tree_rows(self, parents: np.ndarray) -> "TreeRows":
+        """Before a draft tree's forward (rows at slots n_tokens ...): each row's path and
+        scratch blocks for ``tree_attention``; give them back with ``TreeRows.release``.
+        Raises OutOfMemoryError (nothing held) when the pool has no room for them."""
+        return TreeRows(self, parents)
+
+    def tree_attention(self, layer: int, q: np.ndarray, n_prefix: int, rows: "TreeRows", scale,
+                       out: np.ndarray) -> None:
+        """out  # [M, H, D] = attention of tree rows q  # [M, H, D] (row i at slot n_prefix + i)
+        over the prefix and their ancestors (kernels/tree_attention.py)"""
+        p = self.pool
+        tree_attention(q, p.data, p.data_f32, F16_TO_F32, p.kind, self.table[:self.n_blocks], layer, p.n_kv_head,
+                       self.block_size, n_prefix, rows.paths, rows.depth, rows.tables, np.float32(scale),
+                       numba.get_num_threads(), out, attention_tag())
+
+    def finish(self, ids, index: bool = True) -> None:
+        """n_tokens += len(ids); ``index`` False for a draft tree, whose rows are not a
+        sequence of tokens until ``commit_path``."""
         self.tokens.extend(int(t) for t in ids)
         self._n += len(ids)
+        if index:
+            self._index_full_blocks()
+
+    def commit_path(self, n_prefix: int, path: list[int]) -> None:
+        """Keep, of the draft tree written after ``n_prefix`` tokens, its root (slot
+        n_prefix) and the accepted nodes ``path`` (tree rows, root's child first): node
+        path[d-1] moves from slot n_prefix + path[d-1] to n_prefix + d, the rest is dropped.
+        The positions already carry their final RoPE (a node's position is its depth)."""
+        if self.pool.kind not in (KV_F16, KV_F32):
+            raise ValueError("draft trees need an f16 or f32 KV pool")
+        tree_tokens = self.tokens[n_prefix:]
+        src = np.array([n_prefix + i for i in path], np.int64)  # [depth] slots of the accepted nodes
+        dst = np.arange(n_prefix + 1, n_prefix + 1 + len(path), dtype=np.int64)  # [depth] their final slots
+        if src.size and np.any(src != dst):
+            p = self.pool
+            move_kv_slots(p.data, self.table[:self.n_blocks], p.n_layer, p.n_kv_head, self.block_size, p.head_dim,
+                          p.kind, src, dst)
+        for d, i in enumerate(path):
+            self.tokens[n_prefix + 1 + d] = tree_tokens[i]
+        self.truncate(n_prefix + 1 + len(path))
         self._index_full_blocks()
 
     def _index_full_blocks(self) -> None:
@@ -244,7 +303,7 @@ class PagedSequence:
             self.pool.retain(int(b))
         other.table[:self.n_blocks] = self.table[:self.n_blocks]
         other.n_blocks, other.ids, other.tokens, other._n = self.n_blocks, list(self.ids), list(self.tokens), self._n
-        other._indexed = self._indexed
+        other._indexed, other.prefill_until = self._indexed, self.prefill_until
         return other
 
     def __del__(self):
@@ -252,3 +311,45 @@ class PagedSequence:
             self.clear()
         except Exception:
             pass
+
+
+class TreeRows:
+    """A draft tree's rows after ``seq.n_tokens`` committed tokens, for tree_attention:
+
+        paths   # [M, max depth + 1] int64  row i's ancestors by depth, root first, i last
+        depth   # [M] int64
+        tables  # [M, blocks] int32  the prefix's blocks, then row i's scratch blocks
+    """
+
+    def __init__(self, seq: PagedSequence, parents: np.ndarray):
+        parents = np.asarray(parents, np.int64).reshape(-1)
+        M = parents.size
+        depth = np.zeros(M, np.int64)
+        for i in range(1, M):
+            depth[i] = depth[parents[i]] + 1
+        paths = np.zeros((M, depth.max() + 1), np.int64)
+        for i in range(M):
+            node = i
+            for d in range(depth[i], -1, -1):
+                paths[i, d] = node
+                node = parents[node]
+        bs, n0 = seq.block_size, seq.n_tokens
+        first = n0 // bs  # the first block a row's virtual tail rewrites
+        n_tail = -(-(n0 + int(depth.max()) + 1) // bs) - first
+        self.pool = seq.pool
+        self.scratch: list[int] = []
+        try:
+            for _ in range(M * n_tail):
+                self.scratch.append(self.pool.allocate(f"{seq.name} (draft tree)"))
+        except OutOfMemoryError:
+            self.release()
+            raise
+        tables = np.zeros((M, first + n_tail), np.int32)
+        tables[:, :first] = seq.table[:first]
+        tables[:, first:] = np.asarray(self.scratch, np.int32).reshape(M, n_tail)
+        self.paths, self.depth, self.tables = paths, depth, tables
+
+    def release(self) -> None:
+        for b in self.scratch:
+            self.pool.release(b)
+        self.scratch = []

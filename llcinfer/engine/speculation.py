@@ -1,0 +1,244 @@
+"""Speculative decoding in the step loop.
+
+    extend(batch)          before the step: the decoding requests' drafts, cut to one
+                           verification budget (speculative/budget.py); each kept tree
+                           becomes its request's chunk: [last token] + nodes, with parents
+    accept(req, chunk, rows, sample)
+                           after it: the acceptance walk over the verified rows, the
+                           accepted path's K/V kept (seq.commit_path), the rest dropped
+
+The runner verifies every tree chunk in one batched forward (tree rows attend to their
+prefix and ancestors only); requests with no tree this step decode plainly beside them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import OutOfMemoryError, UsageError
+from ..model import catalog
+from ..model.gguf_file import GGUFFile
+from ..speculative import (DraftModelDrafter, DraftTree, Gates, NgramDrafter, SuffixDrafter, VerifyCost,
+                           acceptance_walk, check_draft_compatible, select_per_sequence, select_super_tree)
+from .transformer import Transformer
+
+_COST_ROWS = (1, 2, 4, 8, 16, 32, 64)  # verification sizes measured at start-up
+_MAX_NODES_PER_SEQ = 64  # candidate nodes a drafter may propose for one sequence
+
+
+@dataclass
+class SpecStats:
+    verifications: int = 0  # verification steps (one per step with a tree)
+    trees: int = 0  # sequence trees verified
+    verified: int = 0  # draft nodes verified
+    accepted: int = 0  # draft nodes accepted
+    plain_steps: int = 0  # steps where no sequence speculated
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def accepted_per_verification(self) -> float:
+        """Draft tokens accepted per sequence tree verified."""
+        return self.accepted / self.trees if self.trees else 0.0
+
+    @property
+    def wasted_share(self) -> float:
+        return 1.0 - self.accepted / self.verified if self.verified else 0.0
+
+    def summary(self) -> str:
+        total = self.draft_seconds + self.verify_seconds
+        share = self.draft_seconds / total if total > 0 else 0.0
+        return (f"spec: {self.accepted_per_verification:.2f} accepted/verification, "
+                f"{100 * self.wasted_share:.0f}% of {self.verified} verified wasted, "
+                f"{self.verifications} verifications, {self.plain_steps} plain steps, draft {100 * share:.0f}% of "
+                f"draft+verify time")
+
+
+class Speculator:
+    """``drafter``: NgramDrafter | SuffixDrafter | DraftModelDrafter; ``policy``
+    "super-tree" (ECHO, one budget for the batch) | "per-sequence"; ``budget`` rows per
+    verification (None: the measured knee)."""
+
+    def __init__(self, drafter, policy: str = "super-tree", budget: int | None = None):
+        if policy not in ("super-tree", "per-sequence"):
+            raise ValueError(f"unknown speculation policy {policy!r}")
+        self.drafter, self.policy, self.budget = drafter, policy, budget
+        self.cost: VerifyCost | None = None
+        self.gates = Gates() if policy == "super-tree" else None
+        self.stats = SpecStats()
+
+    # ------------------------------------------------------------------ start-up
+    def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
+        """Time one forward of T rows (T in _COST_ROWS, one sequence after a short prefix)
+        and one plain decode step, medians of 3; fit the knee and slope."""
+        seq = new_sequence("verify-cost")
+        try:
+            model.forward_chunks([(seq, list(range(1, 65)))])
+            n0 = seq.n_tokens
+            times = []
+            for t in _COST_ROWS:
+                rep = []
+                for _ in range(3):
+                    seq.truncate(n0)
+                    t0 = time.perf_counter()
+                    model.forward_chunks([(seq, [1] * t)], np.arange(t))
+                    rep.append(time.perf_counter() - t0)
+                times.append(float(np.median(rep)))
+            seq.truncate(n0)
+            rep = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                runner._decode_rows([seq], [1])
+                rep.append(time.perf_counter() - t0)
+                seq.truncate(n0)
+        finally:
+            seq.free()
+        cost = VerifyCost.fit(list(_COST_ROWS), times, float(np.median(rep)))
+        if self.budget is not None:
+            cost.k_max = int(self.budget)
+        self.cost = cost
+        return cost
+
+    # ------------------------------------------------------------------ per step
+    def extend(self, batch, n_ctx: int, max_step_tokens: int) -> None:
+        """Give the decoding chunks of ``batch`` their verification trees (module doc)."""
+        decoding = [c for c in batch.chunks
+                    if len(c.tokens) == 1 and c.start >= c.request.n_prompt and c.start == len(c.request.tokens) - 1]
+        if not decoding or self.cost is None:
+            return
+        t0 = time.perf_counter()
+        asks = []
+        for c in decoding:
+            req = c.request
+            room = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1, _MAX_NODES_PER_SEQ)
+            asks.append((req.id, req.tokens, max(0, room)))
+        if hasattr(self.drafter, "propose_many"):
+            trees = self.drafter.propose_many(asks)
+        else:
+            trees = [self.drafter.propose(*a) for a in asks]
+        max_rows = max_step_tokens - batch.n_tokens + len(decoding)
+        if self.policy == "super-tree":
+            trees = select_super_tree(trees, self.cost, self.gates if self.gates.calibrated else None, max_rows)
+        else:
+            trees = select_per_sequence(trees, self.cost, max_rows)
+        trees = self._pays(trees)
+        self.stats.draft_seconds += time.perf_counter() - t0
+        if not any(len(t) for t in trees):
+            self.stats.plain_steps += 1
+            return
+        for c, tree in zip(decoding, trees):
+            if not len(tree):
+                continue
+            tokens = c.tokens + tree.tokens.tolist()
+            seq = c.request.seq
+            scratch = (len(tree) + 1) * (2 + int(tree.depth.max()) // seq.block_size)  # TreeRows' blocks, at most
+            if seq.pool.available_blocks < scratch + len(tokens) // seq.block_size + 1:
+                continue  # no room for the tree: this one decodes plainly
+            try:
+                seq.prepare(tokens)
+            except OutOfMemoryError:
+                continue
+            c.tokens, c.tree = tokens, tree
+
+    def _pays(self, trees: list[DraftTree]) -> list[DraftTree]:
+        """Keep the number r of the best nodes (by confidence, across the trees) that
+        maximises the step's expected tokens per second, (n + sum of their confidences) /
+        t(n + r); no node at all when even that falls below plain decoding's n / t_decode."""
+        n = len(trees)
+        cand = sorted(((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t))))
+        best_r, best = 0, n / self.cost.decode_s
+        expected = float(n)
+        for r, (neg_conf, _, _) in enumerate(cand, 1):
+            expected -= neg_conf
+            rate = expected / self.cost.seconds(n + r)
+            if rate > best:
+                best_r, best = r, rate
+        keep = [np.zeros(len(t), bool) for t in trees]
+        for _, s, i in cand[:best_r]:
+            keep[s][i] = True
+        return [t.subset(k) for t, k in zip(trees, keep)]
+
+    def accept(self, req, chunk, rows: np.ndarray, sample) -> None:
+        """The walk over ``rows``  # [n + 1, vocab] (``sample(row)``: the engine's draw of the
+        next token from a row, None once the request ended), then the path's K/V kept."""
+        tree: DraftTree = chunk.tree
+        drawn, path = acceptance_walk(tree, lambda r: sample(rows[r]))
+        accepted = np.zeros(len(tree), bool)
+        accepted[path] = True
+        st = self.stats
+        st.trees += 1
+        st.verified += len(tree)
+        st.accepted += len(path)
+        req.stats.spec_verified += len(tree)
+        req.stats.spec_accepted += len(path)
+        if self.gates is not None:
+            self.gates.record(tree.depth, tree.conf, accepted, self.cost.break_even)
+        if hasattr(self.drafter, "observe"):
+            self.drafter.observe(req.id, len(path), int(tree.depth.max()))
+        if req.seq is not None:
+            req.seq.commit_path(chunk.start, [i + 1 for i in path])
+            req.n_computed = req.seq.n_tokens
+
+    def finish(self, req) -> None:
+        self.drafter.finish(req.id, req.tokens)
+
+
+SPEC_MODES = "none | ngram | suffix | draft:MODEL | auto"
+
+
+def build_speculator(spec: str | None, target, tokenizer_vocab: list[str], n_ctx: int, n_seq: int,
+                     budget: int | None = None, policy: str = "super-tree", progress: bool = True,
+                     llama_rounding: bool = True, kv_type: str | None = None) -> Speculator | None:
+    """The speculator ``spec`` names (``SPEC_MODES``); None for "none".  "auto" drafts with
+    the smallest cached catalog model that shares the target's vocabulary, else by suffix
+    lookup.  A draft model that cannot draft for the target is a one-line UsageError."""
+    if spec is None or spec == "none":
+        return None
+    if not isinstance(spec, str):
+        raise UsageError(f"speculative must be one of {SPEC_MODES} (got {spec!r})")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise UsageError(f"spec budget must be a positive integer (got {budget!r})")
+    if policy not in ("super-tree", "per-sequence"):
+        raise UsageError(f"spec policy must be 'super-tree' or 'per-sequence' (got {policy!r})")
+    if kv_type == "int8":
+        raise UsageError("speculative decoding needs an f16 or f32 KV cache (not int8)")
+    if spec == "auto":
+        draft_name = _auto_draft(target, tokenizer_vocab)
+        spec = "suffix" if draft_name is None else f"draft:{draft_name}"
+    if spec == "ngram":
+        drafter = NgramDrafter()
+    elif spec == "suffix":
+        drafter = SuffixDrafter()
+    elif spec.startswith("draft:") and len(spec) > 6:
+        name = spec[6:]
+        path = catalog.resolve_model(name, progress=progress)
+        gguf = GGUFFile(path)
+        vocab = list(gguf.metadata.get("tokenizer.ggml.tokens", []))
+        draft = Transformer(gguf, llama_rounding=llama_rounding)
+        check_draft_compatible(draft.config, target.config, vocab, tokenizer_vocab, draft.weights.nbytes,
+                               target.weights.nbytes, name)
+        drafter = DraftModelDrafter(draft, n_ctx, n_seq)
+    else:
+        raise UsageError(f"speculative must be one of {SPEC_MODES} (got {spec!r})")
+    return Speculator(drafter, policy, budget)
+
+
+def _auto_draft(target, vocab: list[str]) -> str | None:
+    """The smallest cached catalog model with the target's vocabulary, smaller than it."""
+    best = None
+    for name in catalog.names():
+        if not catalog.is_cached(name):
+            continue
+        path = catalog.cached_path(name)
+        try:
+            g = GGUFFile(path)
+            same = list(g.metadata.get("tokenizer.ggml.tokens", [])) == vocab
+            size = path.stat().st_size
+        except Exception:  # noqa: BLE001 - a bad cached file is simply not a candidate
+            continue
+        if same and size < target.weights.nbytes * 0.7 and (best is None or size < best[0]):
+            best = (size, name)
+    return None if best is None else best[1]

@@ -1,0 +1,16 @@
+"""Speculative decoding: drafters propose token trees, a budget decides which nodes of
+which sequences one verification step takes (the engine runs and accepts them).
+
+    tree.py          DraftTree, the lossless acceptance walk
+    lookup.py        NgramDrafter (prompt lookup), SuffixDrafter (history of all requests)
+    draft_model.py   DraftModelDrafter (a smaller model of the same vocabulary)
+    budget.py        VerifyCost, Gates, select_super_tree (ECHO), select_per_sequence
+"""
+
+from .budget import Gates, VerifyCost, select_per_sequence, select_super_tree
+from .draft_model import DraftModelDrafter, check_draft_compatible
+from .lookup import NgramDrafter, SuffixDrafter
+from .tree import DraftTree, acceptance_walk
+
+__all__ = ["DraftTree", "acceptance_walk", "NgramDrafter", "SuffixDrafter", "DraftModelDrafter",
+           "check_draft_compatible", "VerifyCost", "Gates", "select_super_tree", "select_per_sequence"]

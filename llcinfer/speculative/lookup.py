@@ -1,0 +1,171 @@
+"""Drafters that look the sequence's recent tokens up in text already seen.
+
+``NgramDrafter`` (prompt lookup, as llama.cpp's ngram-simple and HF's prompt lookup):
+the request's own prompt and output.  ``SuffixDrafter`` (SuffixDecoding, arXiv
+2411.04975): the same over the history of every request the engine has run plus the
+request's own tokens.
+
+Both find the occurrences of the longest suffix of the sequence (up to ``max_match``
+tokens) in their corpus and merge the continuations that follow them into a trie; a
+node's count is how many occurrences continue with its path, and its confidence
+
+    conf(node) = count(node) / n_occurrences * r_n ^ depth(node)
+
+the frequency of that path times the chance that the target follows a looked-up
+continuation for depth(node) tokens, r_n the measured per-token acceptance rate of
+drafts from n-token matches (``observe``; prior 0.9, worth 10 tokens), so confidences are acceptance
+probabilities the budget can weigh against the cost of a row.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from .tree import DraftTree
+
+_MAX_OCCURRENCES = 24  # most recent occurrences merged into one trie
+
+
+class NgramIndex:
+    """Token lists and, for every n-gram of length 1..max_n, where it ends (the position
+    after its last token), appended incrementally."""
+
+    def __init__(self, max_n: int):
+        self.max_n = max_n
+        self.docs: list[list[int]] = []
+        self.where: dict[tuple[int, ...], list[tuple[int, int]]] = defaultdict(list)  # n-gram -> [(doc, end)]
+        self._indexed: list[int] = []  # tokens of each doc already indexed
+
+    def add(self, tokens: list[int]) -> int:
+        self.docs.append([])
+        self._indexed.append(0)
+        doc = len(self.docs) - 1
+        self.extend(doc, tokens)
+        return doc
+
+    def extend(self, doc: int, tokens: list[int]) -> None:
+        """Append ``tokens`` to document ``doc`` and index the n-grams that end in them."""
+        d = self.docs[doc]
+        d.extend(tokens)
+        for end in range(self._indexed[doc] + 1, len(d) + 1):
+            for n in range(1, min(self.max_n, end) + 1):
+                self.where[tuple(d[end - n:end])].append((doc, end))
+        self._indexed[doc] = len(d)
+
+    def occurrences(self, key: tuple[int, ...], exclude: tuple[int, int] | None) -> list[tuple[int, int]]:
+        """Ends of earlier occurrences of ``key`` (most recent last), ``exclude`` left out."""
+        return [o for o in self.where.get(key, ()) if o != exclude]
+
+
+def continuation_trie(sources: list[tuple[list[int], int]], depth: int, max_nodes: int, rate: float) -> DraftTree:
+    """Merge the continuations doc[end : end + depth] of ``sources`` (doc, end) into a
+    tree of at most ``max_nodes`` nodes, the most frequent paths first (module doc)."""
+    counts: dict[tuple[int, ...], int] = defaultdict(int)  # path -> occurrences continuing with it
+    for doc, end in sources:
+        cont = doc[end:end + depth]
+        for k in range(1, len(cont) + 1):
+            counts[tuple(cont[:k])] += 1
+    if not counts:
+        return DraftTree.empty()
+    share = 1.0 / len(sources)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0])))[:max_nodes]  # parents rank first
+    chosen = {path for path, _ in ranked}
+    order = sorted((p for p in chosen if p[:-1] in chosen or len(p) == 1), key=lambda p: (len(p), p))
+    node_of: dict[tuple[int, ...], int] = {}
+    tokens, parents, conf = [], [], []
+    for path in order:
+        if len(path) > 1 and path[:-1] not in node_of:
+            continue
+        node_of[path] = len(tokens)
+        tokens.append(path[-1])
+        parents.append(node_of[path[:-1]] if len(path) > 1 else -1)
+        conf.append(counts[path] * share * rate ** len(path))
+    return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), np.asarray(conf, np.float64))
+
+
+class NgramDrafter:
+    """Prompt lookup over the request's own tokens (module doc)."""
+
+    name = "ngram"
+
+    def __init__(self, max_match: int = 4, min_match: int = 1, depth: int = 32):
+        self.max_match, self.min_match, self.depth = max_match, min_match, depth
+        self._own: dict[object, tuple[NgramIndex, int]] = {}  # request key -> its index and doc
+        self._tally = np.zeros((max_match + 1, 2))  # [match length, (accepted, tried)] draft tokens
+        self._last_match: dict[object, int] = {}  # request key -> match length of its last proposal
+
+    def rate(self, n: int) -> float:
+        """Per-token acceptance rate of drafts from n-token matches (module doc)."""
+        acc, tried = self._tally[n]
+        return float((acc + 9.0) / (tried + 10.0))
+
+    def observe(self, key, n_accepted: int, n_deepest: int) -> None:
+        """The target accepted ``n_accepted`` tokens of the last proposal for ``key``, whose
+        deepest verified node was ``n_deepest`` deep."""
+        n = self._last_match.pop(key, None)
+        if n is not None:
+            self._tally[n] += (n_accepted, n_accepted + (n_accepted < n_deepest))
+
+    def _own_index(self, key, tokens: list[int]) -> tuple[NgramIndex, int]:
+        if key not in self._own:
+            idx = NgramIndex(self.max_match)
+            self._own[key] = (idx, idx.add(tokens))
+        idx, doc = self._own[key]
+        have = len(idx.docs[doc])
+        if tokens[:have] != idx.docs[doc]:  # rewound (never in the engine): start over
+            del self._own[key]
+            return self._own_index(key, tokens)
+        idx.extend(doc, tokens[have:])
+        return idx, doc
+
+    def _indexes(self, key, tokens):
+        """(index, document of this request or None) pairs to look the suffix up in."""
+        idx, doc = self._own_index(key, tokens)
+        return [(idx, doc)]
+
+    def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
+        """A tree of at most ``max_nodes`` nodes continuing ``tokens`` (its last one is the root)."""
+        if max_nodes <= 0:
+            return DraftTree.empty()
+        indexes = self._indexes(key, tokens)
+        for n in range(min(self.max_match, len(tokens)), self.min_match - 1, -1):
+            pattern = tuple(tokens[-n:])
+            sources = []
+            for idx, doc in indexes:
+                own_end = (doc, len(tokens)) if doc is not None else None
+                sources += [(idx.docs[d], e) for d, e in idx.occurrences(pattern, own_end)
+                            if e < len(idx.docs[d])]
+            if sources:
+                self._last_match[key] = n
+                return continuation_trie(sources[-_MAX_OCCURRENCES:], self.depth, max_nodes, self.rate(n))
+        return DraftTree.empty()
+
+    def finish(self, key, tokens: list[int]) -> None:
+        """The request ended with ``tokens``: forget its index."""
+        self._own.pop(key, None)
+        self._last_match.pop(key, None)
+
+
+class SuffixDrafter(NgramDrafter):
+    """Lookup over every finished request's tokens and the request's own (module doc)."""
+
+    name = "suffix"
+
+    def __init__(self, max_match: int = 8, min_match: int = 1, depth: int = 32, max_history_tokens: int = 1 << 20):
+        super().__init__(max_match, min_match, depth)
+        self.history = NgramIndex(max_match)
+        self.max_history_tokens = max_history_tokens
+        self._history_tokens = 0
+
+    def _indexes(self, key, tokens):
+        return [(self.history, None)] + super()._indexes(key, tokens)
+
+    def finish(self, key, tokens: list[int]) -> None:
+        super().finish(key, tokens)
+        if self._history_tokens + len(tokens) > self.max_history_tokens:
+            self.history = NgramIndex(self.max_match)  # start a fresh history rather than grow without bound
+            self._history_tokens = 0
+        self.history.add(list(tokens))
+        self._history_tokens += len(tokens)

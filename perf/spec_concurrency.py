@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Speculation under concurrency: ECHO's super-tree against per-sequence trees with the
+same total budget and against no speculation.
+
+C requests run at once (``n_seq`` = C), each a code-edit chat prompt on a different
+function of CPython's standard library (192 tokens, greedy).  Per policy: aggregate
+throughput (generated tokens / wall time of the batch, prompt included for all alike),
+verification steps per generated token, share of verified draft tokens wasted.  The
+configurations alternate per repetition; medians.
+
+    python perf/spec_concurrency.py -m smollm2-135m --spec ngram --concurrency 1,4,8
+    python perf/spec_concurrency.py -m qwen2.5-coder-1.5b --spec draft:qwen2.5-coder-0.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import time
+from pathlib import Path
+
+from llcinfer import LLM
+from llcinfer.engine.sampling import SamplingParams
+
+
+FUNCTIONS = ["textwrap.TextWrapper._wrap_chunks", "textwrap.dedent", "json.encoder.py_encode_basestring",
+             "shlex.split", "fnmatch.translate", "heapq.nlargest", "glob.glob", "string.capwords",
+             "difflib.get_close_matches", "base64.b64encode"]
+
+
+def _source(dotted: str) -> str:
+    import importlib
+
+    mod, _, rest = dotted.partition(".")
+    obj = importlib.import_module(mod)
+    for part in rest.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            obj = importlib.import_module(f"{mod}.{part}")
+            mod = f"{mod}.{part}"
+    return inspect.getsource(obj)
+
+
+def run(model: str, spec: str, policy: str, c: int, n: int, threads: int, budget: int | None) -> dict:
+    llm = LLM(model, threads=threads, n_ctx=2048, n_seq=c, progress=False,
+              speculative=None if spec == "none" else spec, spec_policy=policy, spec_budget=budget)
+    try:
+        prompts = []
+        for f in FUNCTIONS[:c]:
+            msgs = [{"role": "user", "content": "Add type hints to this function. Return the whole function.\n\n"
+                     + _source(f)}]
+            prompts.append(llm.tokenize(llm.apply_chat_template(msgs), special=True))
+        t0 = time.perf_counter()
+        done = llm.engine.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        wall = time.perf_counter() - t0
+        gen = sum(d.stats.n_generated for d in done)
+        out = {"tokens_per_s": gen / wall, "generated": gen, "outputs": [d.token_ids for d in done]}
+        st = llm.spec_stats
+        if st is not None:
+            out.update(verifications_per_token=st.verifications / gen, wasted=st.wasted_share,
+                       accepted_per_tree=st.accepted_per_verification, plain_steps=st.plain_steps,
+                       k_max=llm.engine.speculator.cost.k_max)
+        return out
+    finally:
+        llm.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default="smollm2-135m")
+    ap.add_argument("--spec", default="ngram")
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--n", type=int, default=192)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repetitions", type=int, default=1)
+    ap.add_argument("--budget", type=int, default=None, help="tokens per verification (default: measured knee)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    configs = [("none", "super-tree"), (a.spec, "super-tree"), (a.spec, "per-sequence")]
+    rows = []
+    for c in (int(x) for x in a.concurrency.split(",")):
+        res = {}
+        for _ in range(a.repetitions):
+            for spec, policy in configs:
+                res.setdefault((spec, policy), []).append(run(a.model, spec, policy, c, a.n, a.threads, a.budget))
+        plain = statistics.median(r["tokens_per_s"] for r in res[("none", "super-tree")])
+        want = res[("none", "super-tree")][-1]["outputs"]
+        for spec, policy in configs:
+            rs = res[(spec, policy)]
+            tps = statistics.median(r["tokens_per_s"] for r in rs)
+            r = rs[-1]
+            label = "plain" if spec == "none" else f"{spec} {policy}"
+            extra = ""
+            if "wasted" in r:
+                extra = (f"verif/token {r['verifications_per_token']:.3f}, wasted {100 * r['wasted']:.0f}%, "
+                         f"acc/tree {r['accepted_per_tree']:.2f}, K_max {r['k_max']}"
+                         + ("" if r["outputs"] == want else ", OUTPUT DIFFERS"))
+            print(f"C={c} {label:40s} {tps:7.1f} tok/s  {tps / plain:5.2f}x plain  {extra}", flush=True)
+            rows.append({"concurrency": c, "spec": spec, "policy": policy, "tokens_per_s": tps,
+                         "vs_plain": tps / plain, **{k: v for k, v in r.items() if k not in ("outputs",)}})
+    if a.json:
+        Path(a.json).write_text(json.dumps({"model": a.model, "threads": a.threads, "n": a.n, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Speculative decoding: tree attention against the NumPy oracle, the KV a committed path
+leaves, greedy identity with plain decoding for every drafter (tiny models and a real
+one), the sampling rule's distribution, the budget, and the one-line errors."""
+
+import numpy as np
+import pytest
+
+from llcinfer import LLM
+from llcinfer.engine.sampling import SamplingParams
+from llcinfer.engine.transformer import Transformer
+from llcinfer.errors import UsageError
+from llcinfer.kv import PagedSequence, new_pool
+from llcinfer.model.gguf_file import GGUFFile
+from llcinfer.speculative import (DraftTree, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
+                                  select_super_tree)
+
+import naive
+from tiny_models import isolated_runtime, write_tiny_model
+
+FREE = VerifyCost(k_max=64, slope_s=0.0, base_s=1e-3, decode_s=1.0)  # every tree pays: the verification path runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime(tmp_path_factory):
+    with isolated_runtime(tmp_path_factory.mktemp("llcinfer_home")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spec_models")
+    target = write_tiny_model(d / "target.gguf", "llama", "Q8_0", n_layer=3, seed=11, n_ctx=512)
+    draft = write_tiny_model(d / "draft.gguf", "llama", "Q8_0", n_layer=1, seed=11, n_ctx=512)
+    return target, draft
+
+
+def random_tree(rng, n):
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], np.int64)
+    return parents
+
+
+def path_of(parents, i):
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = parents[i]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("n_prefix,n_rows,kv_type", [(1, 5, "f32"), (15, 9, "f16"), (33, 17, "f16"), (40, 3, "f32")])
+def test_tree_attention_equals_oracle_on_random_trees(n_prefix, n_rows, kv_type):
+    rng = np.random.default_rng(n_prefix)
+    L, KVH, H, D = 2, 2, 6, 32
+    pool, _ = new_pool(L, KVH, D, 256, 3, kv_type, prefix_sharing=False)
+    other = PagedSequence(pool, 256, None, "other")
+    seq = PagedSequence(pool, 256, None, "tree")
+    k = rng.standard_normal((n_prefix + n_rows, KVH, D)).astype(np.float32)
+    v = rng.standard_normal((n_prefix + n_rows, KVH, D)).astype(np.float32)
+    for i in range(n_prefix + n_rows):  # interleaved with another sequence: blocks scattered in the pool
+        for s in (other, seq):
+            s.prepare([0])
+            s.store(1, s.n_tokens, k[i:i + 1], v[i:i + 1])
+            s.finish([0], index=False)
+    seq.truncate(n_prefix)
+    seq.prepare([0] * n_rows)
+    parents = random_tree(rng, n_rows)
+    q = rng.standard_normal((n_rows, H, D)).astype(np.float32)
+    out = np.empty_like(q)
+    rows = seq.tree_rows(parents)
+    seq.tree_attention(1, q, n_prefix, rows, 0.125, out)
+    rows.release()
+    kr, vr = seq.read(1, 0, n_prefix + n_rows)  # the stored values (f16-rounded when f16)
+    for i in range(n_rows):
+        keep = list(range(n_prefix)) + [n_prefix + a for a in path_of(parents, i)]
+        want = naive.attention(q[i:i + 1], kr[keep], vr[keep], len(keep) - 1, 0.125)
+        np.testing.assert_allclose(out[i:i + 1], want, rtol=2e-5, atol=2e-5)
+
+
+def test_tree_rows_and_committed_path_match_plain_decoding_bit_for_bit(tiny):
+    target, _ = tiny
+    m = Transformer(GGUFFile(target))
+    prompt = [5, 77, 12, 9, 140, 33, 21, 8, 61, 19, 100, 4, 7, 250, 66, 18, 30]  # 17: the tree crosses a block
+    rng = np.random.default_rng(3)
+    parents = random_tree(rng, 11)
+    tokens = [int(t) for t in rng.integers(1, 200, 11)]
+    tree_seq = m.new_cache(128)
+    m.forward(prompt, tree_seq)
+    logits = m.forward_chunks([(tree_seq, tokens)], np.arange(11), trees=[parents])
+    for i in (10, 7, 3):
+        path = path_of(parents, i)
+        plain = m.new_cache(128)
+        m.forward(prompt, plain)
+        want = m.forward([tokens[a] for a in path], plain, all_logits=True)
+        assert np.array_equal(logits[path], want)
+    path = path_of(parents, 10)
+    tree_seq.commit_path(len(prompt), path[1:])
+    plain = m.new_cache(128)
+    m.forward(prompt + [tokens[a] for a in path], plain)
+    assert tree_seq.n_tokens == plain.n_tokens and tree_seq.tokens == plain.tokens
+    for layer in range(m.config.n_layer):
+        for got, want in zip(tree_seq.read(layer, 0, plain.n_tokens), plain.read(layer, 0, plain.n_tokens)):
+            assert np.array_equal(got, want)
+
+
+def _generate(llm, prompts, **kw):
+    params = SamplingParams(**{"temperature": 0, "max_tokens": 40, "ignore_eos": True, **kw})
+    return [c.token_ids for c in llm.engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("policy", ["super-tree", "per-sequence"])
+def test_greedy_identity_every_drafter_tiny_model(tiny, policy):
+    target, draft = tiny
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(1, 250, n)] for n in (3, 9, 17, 30, 41, 5)]
+    prompts.append(prompts[1] * 3)  # a repeated prompt: lookup drafters find long matches
+    plain = LLM(str(target), threads=2, n_ctx=512, n_seq=4)
+    want = _generate(plain, prompts)
+    plain.close()
+    for spec in ("ngram", "suffix", f"draft:{draft}"):
+        llm = LLM(str(target), threads=2, n_ctx=512, n_seq=4, speculative=spec, spec_policy=policy)
+        llm.engine.speculator.cost = FREE
+        got = _generate(llm, prompts)
+        st = llm.spec_stats
+        llm.close()
+        assert got == want, spec
+        assert st.verified > 0 and st.accepted > 0, spec
+
+
+def test_greedy_identity_real_model_code_edit():
+    import inspect
+    import textwrap
+
+    llm = LLM("smollm2-135m", threads=2, n_ctx=2048, progress=False)
+    msgs = [{"role": "user", "content": "Rename the parameter `text` to `source`:\n\n" + inspect.getsource(textwrap.indent)}]
+    want = llm.chat(msgs, max_tokens=64, temperature=0)
+    llm.close()
+    for spec in ("ngram", "suffix"):
+        sp = LLM("smollm2-135m", threads=2, n_ctx=2048, progress=False, speculative=spec)
+        sp.engine.speculator.cost = FREE
+        got = sp.chat(msgs, max_tokens=64, temperature=0)
+        assert got == want, spec
+        assert sp.spec_stats.accepted > 10, spec  # the answer copies the input: drafts are accepted
+        sp.close()
+
+
+def test_sampling_same_seed_same_tokens_and_target_distribution(tiny):
+    """With a seed, speculative sampling draws exactly the tokens plain sampling draws; over
+    many seeds the tokens drawn at verified rows (the 2nd at the tree's root, the 3rd at an
+    accepted node) follow the target's own distribution (chi-square)."""
+    target, draft = tiny
+    prompt = [5, 77, 12, 9]
+    temp = 0.7
+    kw = dict(temperature=temp, top_k=0, top_p=1.0, min_p=0.0, max_tokens=3, ignore_eos=True)
+    plain = LLM(str(target), threads=1, n_ctx=256, n_seq=8)
+    sp = LLM(str(target), threads=1, n_ctx=256, n_seq=8, speculative=f"draft:{draft}")
+    sp.engine.speculator.cost = FREE
+    triples = []
+    for s in range(600):
+        a = _generate(plain, [prompt], seed=s, **kw)[0]
+        b = _generate(sp, [prompt], seed=s, **kw)[0]
+        assert a == b
+        triples.append(tuple(b))
+    st = sp.spec_stats
+    assert st.verified > 0 and 0 < st.accepted < st.verified
+    t = np.array(triples)  # [seed, 3]
+    x1 = int(np.bincount(t[:, 0]).argmax())
+    at1 = t[t[:, 0] == x1]
+    x2 = int(np.bincount(at1[:, 1]).argmax())
+    at2 = at1[at1[:, 1] == x2]
+    checks = [(t[:, 0], prompt), (at1[:, 1], prompt + [x1]), (at2[:, 2], prompt + [x1, x2])]
+    for sample, context in checks:
+        assert sample.size >= 40
+        assert _chi_square_ok(sample, _probs(plain.logits(context), temp))
+    plain.close()
+    sp.close()
+
+
+def _probs(logits, temp):
+    z = logits.astype(np.float64) / temp
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _chi_square_ok(sample, p) -> bool:
+    """Chi-square goodness of fit at 0.1 %, cells with expected count >= 5 (the rest pooled);
+    the critical value by Wilson-Hilferty's approximation."""
+    n = sample.size
+    counts = np.bincount(sample, minlength=p.size).astype(np.float64)
+    big = p * n >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(p[big] * n, p[~big].sum() * n)
+    keep = exp > 0
+    stat = (((obs - exp) ** 2)[keep] / exp[keep]).sum()
+    k = max(int(keep.sum()) - 1, 1)
+    critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
+    return stat < critical
+
+
+def test_ngram_and_suffix_drafters_propose_seen_continuations():
+    ng = NgramDrafter()
+    toks = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    tree = ng.propose("a", toks, 8)
+    assert tree.tokens[:3].tolist() == [4, 5, 9] and tree.parents[:3].tolist() == [-1, 0, 1]
+    assert np.all(np.diff(tree.conf[:3]) <= 0)
+    sx = SuffixDrafter()
+    sx.finish("old", [7, 8, 9, 10, 11])
+    t2 = sx.propose("new", [3, 7, 8], 4)
+    assert t2.tokens.tolist() == [9, 10, 11]  # from another request's history
+    assert len(ng.propose("b", [1, 2, 3], 8)) == 0  # nothing seen twice
+
+
+def test_super_tree_budget_ranks_across_sequences_and_keeps_ancestors():
+    confident = DraftTree.chain([1, 2, 3, 4, 5], [0.9, 0.85, 0.8, 0.7, 0.6])
+    weak = DraftTree(np.array([6, 7, 8]), np.array([-1, 0, -1]), np.array([0.3, 0.05, 0.2]))
+    cost = VerifyCost(k_max=7, slope_s=0.01, base_s=0.01, decode_s=0.02)  # break-even 0.5 past the knee
+    a, b = select_super_tree([confident, weak], cost, None, max_rows=64)
+    assert len(a) == 5  # the confident chain goes deep
+    assert b.tokens.tolist() == []  # 2 roots + 5 rows reach the knee; the weak nodes are below break-even
+    a2, b2 = select_per_sequence([confident, weak], cost, max_rows=64)
+    assert len(a2) == 2 and len(b2) == 2 and b2.tokens.tolist() == [6, 8]
+    for t in (a, b, a2, b2):
+        assert np.all(t.parents < np.arange(len(t)))
+
+
+def test_gates_calibrate_on_separating_depths():
+    g = Gates(warmup_steps=4)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        conf = rng.uniform(0, 1, 40)
+        depth = rng.integers(1, 4, 40)
+        g.record(depth, conf, conf > 0.5, break_even=0.2)
+    assert g.calibrated and 1 in g.thresholds
+    assert 0.2 < g.thresholds[1] <= 0.6
+    cut = g.cut(DraftTree.chain([1, 2, 3], [0.1, 0.1, 0.05]))
+    assert len(cut) == 0
+
+
+def test_bad_speculative_arguments_are_one_line_errors(tiny):
+    target, draft = tiny
+    with pytest.raises(UsageError, match="speculative must be one of"):
+        LLM(str(target), threads=1, n_ctx=128, speculative="bogus")
+    with pytest.raises(UsageError, match="not smaller than the target"):
+        LLM(str(draft), threads=1, n_ctx=128, speculative=f"draft:{target}")
+    with pytest.raises(UsageError, match="does not share the target's vocabulary"):
+        LLM(str(target), threads=1, n_ctx=128, speculative="draft:qwen2.5-coder-0.5b", progress=False)
+    with pytest.raises(UsageError, match="f16 or f32 KV"):
+        LLM(str(target), threads=1, n_ctx=128, speculative="ngram", kv_type="int8")

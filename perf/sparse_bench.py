@@ -61,7 +61,6 @@ def retuned(sp: SparseAttention, **changes) -> SparseAttention:
     v.config = dataclasses.replace(sp.config, **changes)
     v.phi, v.agg = {"relu": 0, "exp": 1}[v.config.phi], {"max": 0, "sum": 1}[v.config.agg]
     v.k_blocks = -(-v.config.top_k // sp.pool.block_size)
-    v._heap_s, v._heap_b = np.empty(v.k_blocks, np.float32), np.empty(v.k_blocks, np.int32)
     return v
 
 

@@ -10,7 +10,8 @@ import naive
 from tiny_models import isolated_runtime, write_tiny_model
 from llcinfer.engine.sparse_setup import calibrate_basis
 from llcinfer.engine.transformer import Transformer
-from llcinfer.kernels.sparse_index import score_topk, store_index_rows
+from llcinfer.kernels.simd import make_tag
+from llcinfer.kernels.sparse_index import select_blocks, store_index_rows, top_blocks
 from llcinfer.kv import KVPool, PagedSequence
 from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.sparse import SparseAttention, SparseConfig, fit_basis, rotate_to
@@ -36,47 +37,74 @@ def test_store_index_rows_matches_oracle(n):
     basis = random_basis(rng, 1, KVH, r, D)[0]
     k = (rng.standard_normal((n, KVH * D)) * 2).astype(np.float32)
     table = scattered_table(rng, 40, -(-n // bs))
-    idx = np.full((2, 40, KVH, r, bs), 99, np.int8)  # [slot, block, kv_head, rank, token]; 99: never written
+    idx = np.full((2, 40, KVH, r // 4, bs, 4), 99, np.uint8)  # [slot, block, kv_head, rank/4, token, 4]; 99: unwritten
     isc = np.full((2, 40, KVH, bs), np.nan, np.float32)
     store_index_rows(k, basis, np.arange(n), np.zeros(n, np.int64), table[None], bs, 1, idx, isc)
     want_q, want_s = naive.index_keys(k.reshape(n, KVH, D), basis)
     pos = np.arange(n)
-    got_q = idx[1, table[pos // bs], :, :, pos % bs]  # [n, KVH, r]
+    got_q = idx[1, table[pos // bs], :, :, pos % bs].reshape(n, KVH, r).astype(int) - 128  # [n, KVH, r]
     got_s = isc[1, table[pos // bs], :, pos % bs]
     np.testing.assert_allclose(got_s, want_s, rtol=1e-5)
-    assert np.abs(got_q.astype(int) - want_q).max() <= 1  # fastmath sums: a value on a .5 boundary
+    assert np.abs(got_q - want_q).max() <= 1  # fastmath sums: a value on a .5 boundary
     assert (got_q == want_q).mean() > 0.99
     assert (idx[0] == 99).all() and np.isnan(isc[0]).all()  # the other slot untouched
 
 
+def index_arrays(rng, n_keys, KVH, r, bs, spare):
+    """Random index entries of n_keys tokens in blocks scattered over a pool of nb + spare
+    blocks (the others full of junk), padded as IndexCache pads them."""
+    nb = -(-n_keys // bs)
+    table = scattered_table(rng, nb + spare, nb)
+    q = rng.integers(-127, 128, (n_keys, KVH, r))  # [n, KVH, r]
+    s = rng.uniform(0.001, 0.02, (n_keys, KVH)).astype(np.float32)  # [n, KVH]
+    shape = (1, nb + spare, KVH, r // 4, bs, 4)
+    idx = rng.integers(0, 256, int(np.prod(shape)) + 64).astype(np.uint8)[:int(np.prod(shape))].reshape(shape)
+    isc = rng.uniform(0, 9, int(np.prod(shape[:3])) * bs + 16).astype(np.float32)[:-16].reshape(shape[:3] + (bs,))
+    pos = np.arange(n_keys)
+    idx[0, table[pos // bs], :, :, pos % bs] = (q + 128).reshape(n_keys, KVH, r // 4, 4)
+    isc[0, table[pos // bs], :, pos % bs] = s
+    return table, q, s, idx, isc
+
+
 @pytest.mark.parametrize("phi", [0, 1])
 @pytest.mark.parametrize("agg", [0, 1])
-@pytest.mark.parametrize("n_keys, k_blocks", [(333, 5), (1001, 17), (97, 1)])
-def test_score_topk_matches_oracle(phi, agg, n_keys, k_blocks):
+@pytest.mark.parametrize("n_keys, k_blocks, bs, isa", [(333, 5, 16, "avx512vnni"), (1001, 17, 16, "avx512vnni"),
+                                                       (97, 1, 16, "avx512vnni"), (1001, 17, 16, "avx2"),
+                                                       (203, 9, 4, "avx512vnni")])
+def test_select_blocks_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa):
+    """Scores of every candidate block against the oracle (fastmath sums, Cephes exp:
+    rtol 1e-4), the k best picked (ties either way), the table [sinks, chosen, window]."""
+    from llcinfer.kernels.isa import supported_isas
+    if isa not in supported_isas():
+        pytest.skip(f"{isa} not on this CPU")
     rng = np.random.default_rng(n_keys + 7 * phi + 3 * agg)
-    KVH, G, r, bs = 2, 3, 16, 16
+    KVH, G, r = 2, 3, 16
     H = KVH * G
-    nb = -(-n_keys // bs)
-    table = scattered_table(rng, nb + 9, nb)
-    q = rng.integers(-127, 128, (n_keys, KVH, r)).astype(np.int8)
-    s = rng.uniform(0.001, 0.02, (n_keys, KVH)).astype(np.float32)
-    idx = np.zeros((1, nb + 9, KVH, r, bs), np.int8)
-    isc = np.zeros((1, nb + 9, KVH, bs), np.float32)
-    pos = np.arange(n_keys)
-    idx[0, table[pos // bs], :, :, pos % bs] = q
-    isc[0, table[pos // bs], :, pos % bs] = s
+    table, q, s, idx, isc = index_arrays(rng, n_keys, KVH, r, bs, 9)
     qt = rng.standard_normal((H, r)).astype(np.float32)
+    hbasis = np.broadcast_to(np.eye(r, dtype=np.float32), (H, r, r)).copy()  # [H, r, D = r]: qt bit for bit
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
     n_sink, n_win = 1, 2
-    heap_s, heap_b = np.empty(k_blocks, np.float32), np.empty(k_blocks, np.int32)
-    n = score_topk(qt, idx, isc, 0, table, n_keys, bs, G, phi, agg, w, n_sink, n_win, np.empty(H, np.float32),
-                   heap_s, heap_b)
+    nb = len(table)
+    scores, out = np.full(nb, np.nan, np.float32), np.full(nb, -1, np.int32)
+    n = select_blocks(qt, hbasis, 1.0, idx, isc, 0, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks, 2,
+                      scores, out, make_tag(isa))
     want = naive.block_scores(qt, q, s, G, phi, agg, w, n_sink, n_win, bs)  # [candidates]
-    assert n == min(k_blocks, want.size)
-    got = np.sort(heap_b[:n]) - n_sink
-    assert len(set(got)) == n and got.min() >= 0 and got.max() < want.size
-    np.testing.assert_allclose(np.sort(want[got]), np.sort(want)[-n:], rtol=1e-4)  # the best n (ties either way)
-    np.testing.assert_allclose(np.sort(heap_s[:n]), np.sort(want)[-n:], rtol=1e-4)
+    np.testing.assert_allclose(scores[:want.size], want, rtol=1e-4)
+    k = min(k_blocks, want.size)
+    assert n == n_sink + k + n_win
+    slot_of = {int(b): i for i, b in enumerate(table)}
+    got = np.array([slot_of[int(b)] for b in out[n_sink:n_sink + k]]) - n_sink
+    assert (np.diff(got) > 0).all() and got.min() >= 0 and got.max() < want.size  # ascending, distinct
+    np.testing.assert_allclose(np.sort(want[got]), np.sort(want)[-k:], rtol=1e-4)  # the best k (ties either way)
+    assert (out[:n_sink] == table[:n_sink]).all() and (out[n_sink + k:n] == table[nb - n_win:]).all()
+
+
+def test_top_blocks_ties_and_short_input():
+    out = np.empty(8, np.int32)
+    assert top_blocks(np.array([3, 1, 3, 2, 3], np.float32), 2, out) == 2 and list(out[:2]) == [0, 2]
+    assert top_blocks(np.array([1, 5, 2], np.float32), 2, out) == 2 and list(out[:2]) == [1, 2]
+    assert top_blocks(np.array([1, 5], np.float32), 4, out) == 2 and list(out[:2]) == [0, 1]
 
 
 # ---------------------------------------------------------------------------- attention on a pool
@@ -163,8 +191,8 @@ def index_of(sp, seq):
     """The index entries of seq's positions  # [full layer, n, KVH, r], [full layer, n, KVH]."""
     pos = np.arange(seq.n_tokens)
     blk, j = seq.table[pos // sp.pool.block_size], pos % sp.pool.block_size
-    return (np.stack([x[blk, :, :, j] for x in sp.index.idx]),  # x[blk, :, :, j]: [n, KVH, r]
-            np.stack([x[blk, :, j] for x in sp.index.isc]))
+    got = [sp.index.entries(slot, blk, j) for slot in range(len(sp.index.full_layers))]
+    return np.stack([g[0] for g in got]), np.stack([g[1] for g in got])
 
 
 def assert_index_consistent(sp, seq):

@@ -8,7 +8,7 @@ paged attention kernels run exactly on them, the sink blocks and the local windo
     one row at position p of a sparse layer (n = p + 1 keys, nb = ceil(n / bs) blocks):
         sinks    blocks 0 .. ceil(sink / bs) - 1
         window   the blocks holding positions n - window .. n - 1 (the partial one last)
-        chosen   the top ceil(top_k / bs) of the blocks between (score_topk)
+        chosen   the top ceil(top_k / bs) of the blocks between (kernels/sparse_index.py)
         out      = paged_attention over the gathered table [sinks, chosen (in order), window]
 
 Gathering whole blocks keeps the kernels' block layout (K^T per block, the SIMD paths)
@@ -28,7 +28,9 @@ import numpy as np
 
 from ..errors import UsageError
 from ..kernels.paged_attention import paged_attention
-from ..kernels.sparse_index import AGG_MAX, AGG_SUM, PHI_EXP, PHI_RELU, score_topk
+from ..kernels.isa import current_isa
+from ..kernels.paged_attention import attention_tag
+from ..kernels.sparse_index import AGG_MAX, AGG_SUM, PHI_EXP, PHI_RELU, select_blocks
 from ..kernels.tables import F16_TO_F32
 from ..kv import KVPool, PagedSequence
 from .index_cache import IndexCache
@@ -54,6 +56,8 @@ class SparseConfig:
             raise UsageError(f"sparse phi must be one of {sorted(PHIS)} and agg one of {sorted(AGGS)}")
         if min(self.top_k, self.sink, self.window, self.full_every, self.rank) < 1 or self.dense_layers < 0:
             raise UsageError("sparse top_k, sink, window, full_every and rank must be positive")
+        if self.rank % 4:
+            raise UsageError(f"sparse rank must be a multiple of 4 (got {self.rank})")
 
     def layer_kinds(self, n_layer: int) -> list[str]:
         return ["dense" if li < self.dense_layers else
@@ -87,9 +91,11 @@ class SparseAttention:
         self.weights = np.ones(n_head, np.float32)  # [H] head weights w_h
         self.phi, self.agg = PHIS[config.phi], AGGS[config.agg]
         self.k_blocks = -(-config.top_k // pool.block_size)
-        self._heap_s = np.empty(max(1, self.k_blocks), np.float32)  # [K] scores of the kept blocks
-        self._heap_b = np.empty(max(1, self.k_blocks), np.int32)  # [K] their block slots
-        self._hmax = np.empty(n_head, np.float32)  # [H] per-head max over the kept tokens (phi exp)
+        if current_isa() == "generic":
+            raise UsageError("sparse attention needs AVX2 or better (its scorer is explicit SIMD)")
+        self.tag = attention_tag()
+        self._scores = np.empty(pool.n_blocks, np.float32)  # [pool blocks >= candidates] scorer output
+        self._table = np.empty(pool.n_blocks, np.int32)  # [pool blocks >= gathered] one row's gathered table
         self.stats = SparseStats()
 
     # ------------------------------------------------------------------ index keys
@@ -116,13 +122,11 @@ class SparseAttention:
         n_cand = nb - n_sink - n_win
         if n_cand <= self.k_blocks:
             return seq.table[:nb]
-        qt = np.einsum("hrd,hd->hr", self.head_basis[layer], q).astype(np.float32) * np.float32(scale)  # [H, rank]
-        args = (qt, self.index.idx, self.index.isc, int(self.index.slot_of[layer]), seq.table, n_keys, bs, self.G,
-                self.phi, self.agg, self.weights, n_sink, n_win, self._hmax)
-        chosen = self._heap_b[:score_topk(*args, self._heap_s, self._heap_b)]
-        slots = np.concatenate([np.arange(n_sink), np.sort(chosen), np.arange(nb - n_win, nb)])
+        n = select_blocks(q, self.head_basis[layer], scale, self.index.idx, self.index.isc,
+                          int(self.index.slot_of[layer]), seq.table, n_keys, bs, self.phi, self.agg, self.weights,
+                          n_sink, n_win, self.k_blocks, numba.get_num_threads(), self._scores, self._table, self.tag)
         self.stats.selections += 1
-        return seq.table[slots]
+        return self._table[:n].copy()
 
     # ------------------------------------------------------------------ attention
     def attend(self, seq: PagedSequence, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray,

@@ -260,7 +260,10 @@ def select_blocks(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg,
             or H % idx.shape[2] or isc.shape[1:] != (idx.shape[1], idx.shape[2], bs) or not 0 <= slot < idx.shape[0]
             or table.size < nb or n_cand < 1 or scores.size < n_cand or out.size < nb or k_blocks < 1
             or w.size != H or lanes_of(tag) > PAD_LANES):
-        raise ValueError("select_blocks: arguments do not fit (see its doc)")
+        raise ValueError(f"select_blocks: arguments do not fit (see its doc): q {q.shape}, hbasis {hbasis.shape}, "
+                         f"idx {idx.shape} {idx.dtype}, isc {isc.shape}, slot {slot}, table {table.size}, n_keys "
+                         f"{n_keys}, bs {bs}, sinks {n_sink}, window {n_win}, k {k_blocks}, scores {scores.size}, "
+                         f"out {out.size}, w {w.size}")
     if table[:nb].max() >= idx.shape[1] or table[:nb].min() < 0:
         raise ValueError("select_blocks: a block id outside the index cache")
     return _select(q, hbasis, np.float32(scale), idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win,

@@ -65,19 +65,24 @@ def _versioned_cache_dir() -> None:
 
 _versioned_cache_dir()
 
-# Thread pool: OpenMP (numba's first choice when TBB is absent) with passive waiting.
-# Measured on a busy 2-core host, per parallel-region launch: OpenMP spinning 2.4 us
-# median but 12 ms p90 (spinning threads lose their core), OpenMP passive 8.8 us median /
-# 11.6 us p90, numba's workqueue 53 us.  Passive waiting also keeps idle cores idle.
-# Must be set before the OpenMP runtime loads; LLCINFER_THREADING_LAYER overrides the layer.
-_OMP_POLICY_SET_HERE = not settings.omp_wait_policy_set_by_user()
-settings.set_omp_wait_policy("PASSIVE")
+# Thread pool: OpenMP (numba's first choice when TBB is absent) with passive waiting
+# after a short spin.  Measured on a busy 2-core host, per parallel-region launch:
+# OpenMP spinning 2.4 us median but 12 ms p90 (spinning threads lose their core), OpenMP
+# passive 8.8 us median / 11.6 us p90 back to back, numba's workqueue 53 us.  Between the
+# regions of a batched forward (tens of us of Python apart) purely passive workers fall
+# asleep and each launch paid ~100 us to wake them (a 1-row SmolLM2 forward on 2 threads:
+# 25 ms, 12 ms on 1 thread); a spin of 10000 rounds (GOMP_SPINCOUNT, libgomp: some tens of
+# us) keeps them awake within a forward: 8.5-10.6 ms.  Passive waiting after it keeps
+# idle cores idle.  Set before the OpenMP runtime loads; the user's own values win;
+# LLCINFER_THREADING_LAYER overrides the layer.
+_OMP_SET_HERE = settings.set_omp_waiting({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"})
 
 
 def child_env() -> dict[str, str]:
     """The environment for programs we start (llama.cpp in comparisons): without the
-    OMP_WAIT_POLICY set above, which made llama.cpp's decode ~3x slower when inherited."""
-    return settings.child_environment(drop_omp_policy=_OMP_POLICY_SET_HERE)
+    OpenMP waiting variables set above (an inherited passive policy made llama.cpp's decode
+    ~3x slower)."""
+    return settings.child_environment(_OMP_SET_HERE)
 
 if settings.threading_layer():
     numba.config.THREADING_LAYER = settings.threading_layer()

@@ -104,20 +104,20 @@ def threading_layer() -> str | None:
     return _raw("LLCINFER_THREADING_LAYER") or None
 
 
-def omp_wait_policy_set_by_user() -> bool:
-    return "OMP_WAIT_POLICY" in os.environ
+def set_omp_waiting(defaults: dict[str, str]) -> list[str]:
+    """Set the OpenMP waiting variables ``defaults`` (OMP_WAIT_POLICY, GOMP_SPINCOUNT) the
+    user has not set, before the OpenMP runtime loads; returns the names set here."""
+    mine = [k for k in defaults if k not in os.environ]
+    for k in mine:
+        os.environ[k] = defaults[k]
+    return mine
 
 
-def set_omp_wait_policy(policy: str) -> None:
-    """Set OMP_WAIT_POLICY for this process (before the OpenMP runtime loads)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", policy)
-
-
-def child_environment(drop_omp_policy: bool) -> dict[str, str]:
-    """The environment for programs we start, without the OMP_WAIT_POLICY we set."""
+def child_environment(drop: list[str]) -> dict[str, str]:
+    """The environment for programs we start, without the variables ``drop`` we set."""
     env = dict(os.environ)
-    if drop_omp_policy:
-        env.pop("OMP_WAIT_POLICY", None)
+    for k in drop:
+        env.pop(k, None)
     return env
 
 

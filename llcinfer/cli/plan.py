@@ -32,9 +32,10 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why, and
     the TPOT observed where the plan was measured here."""
     from ..model import catalog
-    from ..planner import detect_machine, load_topology, make_plan, workload_from_gguf
+    from ..planner import Calibration, cache_key, detect_machine, load_topology, make_plan, workload_from_gguf
     from ..hw.bandwidth import curve_path, probe_curve, save_curve
     from ..planner.replicas import parse_replicas, plan_replicas, replica_core_sets
+    from ..planner.verify import explain_verify, predict_verify_cost
     from ..planner.workload import KV_ITEMSIZE
 
     if ctx < 1 or concurrency < 1:
@@ -53,15 +54,18 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     work = workload_from_gguf(path, ctx=ctx, concurrency=concurrency, kv_itemsize=KV_ITEMSIZE[kv_type],
                               name=model if model and not str(model).endswith(".gguf") else None)
     best = make_plan(machine, work, threads=threads, sync=sync)
+    verify, _ = predict_verify_cost(best, machine, work, Calibration.load(cache_key(machine)))
     shown = asked if asked is not None else ("auto" if len(replica_core_sets(machine, "auto")) > 1 else None)
     rp = None if shown is None else plan_replicas(machine, work, shown, sync=sync)
     if as_json:
         d = best.to_dict()
+        d["verify"] = verify.to_dict()
         if asked is not None:
             d["replicas"] = rp.to_dict()
         click.echo(json.dumps(d, indent=1))
         return
     click.echo(best.explain())
+    click.echo(explain_verify(verify))
     if rp is not None:
         click.echo("\n" + rp.explain())
     if machine.bandwidth_source == "estimated":

@@ -88,9 +88,10 @@ class ModelRunner:
         """One token for each sequence, as the step loop's decode rows run; logits  # [M, vocab]
         (benchmarks and tests)."""
         self.model.settle_weights()
-        return self._decode_rows(seqs, tokens)
+        return self.decode_rows(seqs, tokens)
 
-    def _decode_rows(self, seqs: list[PagedSequence], tokens: list[int]) -> np.ndarray:
+    def decode_rows(self, seqs: list[PagedSequence], tokens: list[int]) -> np.ndarray:
+        """``decode`` without letting the weights settle (start-up measurements)."""
         if self.executor is not None:
             return self.executor.step(seqs, tokens)
         return self.model.forward_chunks([(s, [t]) for s, t in zip(seqs, tokens)])
@@ -101,7 +102,7 @@ class ModelRunner:
         seq = new_sequence("warm-up")
         try:
             self.model.forward_chunks([(seq, [0, 0])])
-            self._decode_rows([seq], [0])  # not decode(): the weights stay where they are until a first token
+            self.decode_rows([seq], [0])  # not decode(): the weights stay where they are until a first token
         finally:
             seq.free()
 

@@ -21,11 +21,11 @@ import numpy as np
 from ..errors import OutOfMemoryError, UsageError
 from ..model import catalog
 from ..model.gguf_file import GGUFFile
-from ..speculative import (DraftModelDrafter, DraftTree, Gates, NgramDrafter, SuffixDrafter, VerifyCost,
-                           acceptance_walk, check_draft_compatible, select_per_sequence, select_super_tree)
+from ..planner.verify import VERIFY_ROWS, VerifyCost
+from ..speculative import (DraftModelDrafter, DraftTree, Gates, NgramDrafter, SuffixDrafter, acceptance_walk,
+                           check_draft_compatible, select_per_sequence, select_super_tree)
 from .transformer import Transformer
 
-_COST_ROWS = (1, 2, 4, 8, 16, 32, 64)  # verification sizes measured at start-up
 _MAX_NODES_PER_SEQ = 64  # candidate nodes a drafter may propose for one sequence
 
 
@@ -72,31 +72,27 @@ class Speculator:
 
     # ------------------------------------------------------------------ start-up
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
-        """Time one forward of T rows (T in _COST_ROWS, one sequence after a short prefix)
-        and one plain decode step, medians of 3; fit the knee and slope."""
+        """Time a verification of T rows (T in VERIFY_ROWS, one sequence after a 64-token
+        prefix) and one plain decode step, medians; fit the knee and slope."""
         seq = new_sequence("verify-cost")
         try:
             model.forward_chunks([(seq, list(range(1, 65)))])
-            n0 = seq.n_tokens
-            times = []
-            for t in _COST_ROWS:
-                rep = []
-                for _ in range(3):
-                    seq.truncate(n0)
-                    t0 = time.perf_counter()
-                    model.forward_chunks([(seq, [1] * t)], np.arange(t))
-                    rep.append(time.perf_counter() - t0)
-                times.append(float(np.median(rep)))
-            seq.truncate(n0)
-            rep = []
+            rows, times = [], []
+            for t in VERIFY_ROWS:
+                try:
+                    times.append(verification_seconds(model, [seq], t))
+                except OutOfMemoryError:  # a small pool: the curve ends where its trees stop fitting
+                    break
+                rows.append(t)
+            n0, rep = seq.n_tokens, []
             for _ in range(5):
                 t0 = time.perf_counter()
-                runner._decode_rows([seq], [1])
+                runner.decode_rows([seq], [1])
                 rep.append(time.perf_counter() - t0)
                 seq.truncate(n0)
         finally:
             seq.free()
-        cost = VerifyCost.fit(list(_COST_ROWS), times, float(np.median(rep)))
+        cost = VerifyCost.fit(rows, times, float(np.median(rep)))
         if self.budget is not None:
             cost.k_max = int(self.budget)
         self.cost = cost
@@ -187,6 +183,32 @@ class Speculator:
 
 
 SPEC_MODES = "none | ngram | suffix | draft:MODEL | auto"
+
+
+def verification_seconds(model, seqs: list, rows: int, reps: int = 3) -> float:
+    """Median seconds of one verification of ``rows`` rows spread evenly over ``seqs`` as
+    the step loop runs it: one batched forward, tree attention, the logits of every row.
+    Each sequence's rows are a root and chains of up to 8 drafted tokens under it
+    (``chain_tree``).  The sequences are left as they were; raises OutOfMemoryError when
+    the pool has no room for the tree rows' scratch blocks."""
+    sizes = [len(part) for part in np.array_split(np.arange(rows), len(seqs)) if len(part)]
+    chunks = [(seq, [1] * n) for seq, n in zip(seqs, sizes)]
+    trees = [chain_tree(n) for n in sizes]
+    n0 = [seq.n_tokens for seq, _ in chunks]
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        model.forward_chunks(chunks, np.arange(rows), trees)
+        times.append(time.perf_counter() - t0)
+        for (seq, _), n in zip(chunks, n0):
+            seq.truncate(n)
+    return float(np.median(times))
+
+
+def chain_tree(n: int, depth: int = 8) -> np.ndarray:
+    """parents  # [n] of a root (row 0) with chains of ``depth`` rows under it."""
+    i = np.arange(n, dtype=np.int64)
+    return np.where(i % depth == 1, 0, i - 1) if depth > 1 else np.where(i == 0, -1, 0)
 
 
 def build_speculator(spec: str | None, target, tokenizer_vocab: list[str], n_ctx: int, n_seq: int,

@@ -245,6 +245,16 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
                       model_s=model_s)
 
 
+def forward_seconds(plan, m: Machine, w: Workload, rows: int, cal: Calibration | None = None,
+                    rates: Rates | None = None, sync: str = "barrier") -> float:
+    """Seconds of one forward of ``rows`` rows spread over the workload's sequences (each
+    row reading its sequence's KV) in one pass through ``plan``'s domains, host overhead
+    included: the shape of a speculative verification or a short prefill chunk."""
+    cal = cal or Calibration()
+    latency, _, _ = _pass(plan, m, w, cal, rates or Rates(m), rows, sync)
+    return latency + (cal.step_overhead_ns + w.concurrency * cal.step_overhead_seq_ns) * 1e-9
+
+
 def _sum_terms(dicts) -> dict[str, float]:
     out: dict[str, float] = {}
     for d in dicts:

@@ -4,7 +4,8 @@ which sequences one verification step takes (the engine runs and accepts them).
     tree.py          DraftTree, the lossless acceptance walk
     lookup.py        NgramDrafter (prompt lookup), SuffixDrafter (history of all requests)
     draft_model.py   DraftModelDrafter (a smaller model of the same vocabulary)
-    budget.py        VerifyCost, Gates, select_super_tree (ECHO), select_per_sequence
+    budget.py        Gates, select_super_tree (ECHO), select_per_sequence; the cost they
+                     weigh, VerifyCost, is the planner's (planner/verify.py)
 """
 
 from .budget import Gates, VerifyCost, select_per_sequence, select_super_tree

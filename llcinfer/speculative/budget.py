@@ -25,42 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..planner.verify import VerifyCost
 from .tree import DraftTree
-
-
-@dataclass
-class VerifyCost:
-    """Seconds of one batched forward of T rows  t(T) = base + slope * max(0, T - k_max),
-    and of one plain decode step of one row, ``decode_s``."""
-
-    k_max: int
-    slope_s: float
-    base_s: float
-    decode_s: float
-
-    def seconds(self, rows: int) -> float:
-        return self.base_s + self.slope_s * max(0, rows - self.k_max)
-
-    @property
-    def break_even(self) -> float:
-        """Acceptance probability a row past the knee must beat to pay for itself."""
-        return min(1.0, self.slope_s / max(self.decode_s, 1e-9))
-
-    @staticmethod
-    def fit(rows: list[int], seconds: list[float], decode_s: float, knee_ratio: float = 1.25) -> "VerifyCost":
-        """From measured (rows, seconds): the knee is the largest T costing at most
-        ``knee_ratio`` x the single-row forward; the slope a least-squares fit past it."""
-        rows, sec = np.asarray(rows, np.float64), np.asarray(seconds, np.float64)
-        base = float(sec[0])
-        under = rows[sec <= knee_ratio * base]
-        k = int(under.max()) if under.size else 1
-        past = rows > k
-        if past.sum() >= 1:
-            x, y = rows[past] - k, sec[past] - base
-            slope = float(max((x * y).sum() / (x * x).sum(), 0.0))
-        else:
-            slope = float((sec[-1] - base) / max(rows[-1] - 1, 1))
-        return VerifyCost(k, slope, base, float(decode_s))
 
 
 @dataclass

@@ -1,0 +1,88 @@
+"""The budget of speculative verification: the cost of checking T draft rows in one
+batched forward, its knee K_max and the slope beyond it.
+
+A forward of T rows reads every weight once and multiplies it T times, so its time is
+about flat while the weight stream (or the fixed per-operator cost) dominates, then grows
+by the per-row compute:
+
+    t(T) ~= base + slope * max(0, T - K_max)
+
+K_max is the verification budget per step for the whole batch (rows of all sequences
+together); past it a row pays only when its acceptance probability beats
+``slope / decode_s`` (``VerifyCost.break_even``).  ``predict_verify_cost`` evaluates the
+TPOT model (cost.py) at T = 1 .. 64 rows with operator barriers (the batched pass
+synchronises per operator) and fits the same form as the engine's start-up measurement
+(engine/speculation.py), so ``llcinfer plan`` shows the predicted budget and
+perf/verify_cost.py the two side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .bandwidth import Rates
+from .calibration import Calibration
+from .cost import forward_seconds, predict
+from ..hw.machine import Machine
+from .workload import Workload
+
+VERIFY_ROWS = (1, 2, 4, 8, 16, 32, 64)  # verification sizes measured at start-up and predicted
+KNEE_RATIO = 1.25  # the knee: the largest T costing at most this times a 1-row forward
+
+
+@dataclass
+class VerifyCost:
+    """Seconds of one batched forward of T rows  t(T) = base + slope * max(0, T - k_max),
+    and of one plain decode step, ``decode_s``."""
+
+    k_max: int
+    slope_s: float
+    base_s: float
+    decode_s: float
+
+    def seconds(self, rows: int) -> float:
+        return self.base_s + self.slope_s * max(0, rows - self.k_max)
+
+    @property
+    def break_even(self) -> float:
+        """Acceptance probability a row past the knee must beat to pay for itself."""
+        return min(1.0, self.slope_s / max(self.decode_s, 1e-9))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def fit(rows: list[int], seconds: list[float], decode_s: float, knee_ratio: float = KNEE_RATIO) -> "VerifyCost":
+        """From (rows, seconds), rows ascending from 1: the knee is the largest T costing at
+        most ``knee_ratio`` x the single-row forward; the slope a least-squares fit past it."""
+        rows, sec = np.asarray(rows, np.float64), np.asarray(seconds, np.float64)
+        base = float(sec[0])
+        under = rows[sec <= knee_ratio * base]
+        k = int(under.max()) if under.size else 1
+        past = rows > k
+        if past.sum() >= 1:
+            x, y = rows[past] - k, sec[past] - base
+            slope = float(max((x * y).sum() / (x * x).sum(), 0.0))
+        else:
+            slope = float((sec[-1] - base) / max(rows[-1] - 1, 1))
+        return VerifyCost(k, slope, base, float(decode_s))
+
+
+def predict_verify_cost(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates: Rates | None = None,
+                        rows: tuple[int, ...] = VERIFY_ROWS) -> tuple[VerifyCost, list[float]]:
+    """(fitted VerifyCost, predicted seconds per entry of ``rows``) for verifying on
+    ``plan``'s cores; ``decode_s`` is the plan's predicted plain decode step."""
+    cal = cal or Calibration()
+    rates = rates or Rates(m)
+    seconds = [forward_seconds(plan, m, w, int(t), cal, rates, sync="barrier") for t in rows]
+    decode_s = plan.prediction.tpot_s if plan.prediction is not None else predict(plan, m, w, cal, rates).tpot_s
+    return VerifyCost.fit(list(rows), seconds, decode_s), seconds
+
+
+def explain_verify(cost: VerifyCost) -> str:
+    """One line for ``llcinfer plan``."""
+    return (f"speculative verification (one batched forward): K_max = {cost.k_max} rows per step "
+            f"at {cost.base_s * 1e3:.1f} ms, then +{cost.slope_s * 1e3:.2f} ms per row; plain decode step "
+            f"{cost.decode_s * 1e3:.1f} ms, break-even acceptance past the knee {cost.break_even:.2f}")

@@ -1,0 +1,82 @@
+"""The verification budget (planner/verify.py): the knee-and-slope fit, the planner's
+predicted cost curve and how it responds to compute, context and cores, ``llcinfer plan``
+showing it, and the engine's measurement leaving its sequences as they were."""
+
+import json
+
+import numpy as np
+import pytest
+from real_models import real_model_path
+from tiny_models import isolated_runtime, write_tiny_model
+
+from llcinfer.engine.speculation import verification_seconds
+from llcinfer.engine.transformer import Transformer
+from llcinfer.kv import PagedSequence
+from llcinfer.model.gguf_file import GGUFFile
+from llcinfer.planner import Calibration, load_topology, make_plan, workload_from_gguf
+from llcinfer.planner.verify import VERIFY_ROWS, VerifyCost, predict_verify_cost
+
+
+def test_fit_recovers_knee_and_slope():
+    rows = list(VERIFY_ROWS)
+    for k, base, slope in [(8, 4e-3, 3e-4), (1, 2e-3, 1e-3), (64, 5e-3, 1e-3)]:
+        sec = [base + slope * max(0, t - k) for t in rows]
+        got = VerifyCost.fit(rows, sec, decode_s=2 * base)
+        assert got.k_max == max(t for t in rows if base + slope * max(0, t - k) <= 1.25 * base)
+        if got.k_max < 64:
+            assert got.slope_s == pytest.approx(slope, rel=0.35)  # the knee sits past k: a shifted line
+        assert got.base_s == base and got.break_even == pytest.approx(min(1.0, got.slope_s / (2 * base)))
+        assert got.seconds(1) == base
+
+
+def _predicted(workload_args, topology="epyc-9684x", threads=8, cal=None):
+    m = load_topology(topology)
+    w = workload_from_gguf(real_model_path("qwen2.5-coder-1.5b"), **workload_args)
+    plan = make_plan(m, w, threads=threads, calibration=cal or Calibration())
+    return predict_verify_cost(plan, m, w, cal or Calibration())
+
+
+def test_predicted_curve_is_monotone_and_responds_to_compute_and_context():
+    base, sec = _predicted({"ctx": 512, "concurrency": 1})
+    assert all(b >= a - 1e-12 for a, b in zip(sec, sec[1:]))
+    assert 1 <= base.k_max <= 64 and base.slope_s > 0 and base.decode_s > 0
+    fast = Calibration(matmul_macs_per_core=4 * Calibration().matmul_macs_per_core,
+                       unpack_weights_per_core=4 * Calibration().unpack_weights_per_core)
+    quick, _ = _predicted({"ctx": 512, "concurrency": 1}, cal=fast)
+    assert quick.k_max >= base.k_max and quick.slope_s < base.slope_s  # cheaper rows: a later knee, a flatter slope
+    deep, _ = _predicted({"ctx": 32768, "concurrency": 1})
+    assert deep.slope_s > base.slope_s  # every verified row reads the whole KV
+
+
+def test_cli_plan_shows_the_verification_budget(capsys):
+    from llcinfer.cli import main
+
+    smol = real_model_path("smollm2-135m")
+    for args in (["--topology", "epyc-9684x"], ["--no-probe"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["plan", "-m", smol, "--ctx", "1024", *args])
+        out = capsys.readouterr().out
+        assert exc.value.code == 0 and "speculative verification" in out and "K_max = " in out
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "-m", smol, "--ctx", "1024", "--topology", "epyc-9684x", "--json"])
+    d = json.loads(capsys.readouterr().out)["verify"]
+    assert exc.value.code == 0 and set(d) == {"k_max", "slope_s", "base_s", "decode_s"} and d["k_max"] >= 1
+
+
+def test_measuring_a_verification_leaves_the_sequences_as_they_were(tmp_path):
+    with isolated_runtime(tmp_path / "home"):
+        m = Transformer(GGUFFile(write_tiny_model(tmp_path / "t.gguf", "llama", "Q8_0", n_layer=2, seed=5,
+                                                  n_ctx=256)))
+        pool, prefix = m.new_pool(256, 3)
+        seqs = [PagedSequence(pool, 256, prefix, f"sequence {i}") for i in range(3)]
+        for i, s in enumerate(seqs):
+            m.forward([3 + i, 9, 27, 81, 11, 40, 2, 5, 17, 19, 23][: 5 + 3 * i], s)
+        before = [(s.n_tokens, list(s.tokens), s.n_blocks) for s in seqs]
+        free = pool.available_blocks
+        reads = [s.read(1, 0, s.n_tokens) for s in seqs]
+        for rows in (1, 7, 16):
+            assert verification_seconds(m, seqs, rows, reps=2) > 0
+        assert [(s.n_tokens, list(s.tokens), s.n_blocks) for s in seqs] == before
+        assert pool.available_blocks == free
+        for s, r in zip(seqs, reads):
+            assert all(np.array_equal(a, b) for a, b in zip(s.read(1, 0, s.n_tokens), r))

@@ -41,11 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llcinfer import jit  # noqa: E402
 from llcinfer.engine.sparse_setup import model_basis  # noqa: E402
 from llcinfer.engine.transformer import Transformer  # noqa: E402
+from llcinfer.errors import LLCInferError  # noqa: E402
 from llcinfer.kv import PagedSequence  # noqa: E402
 from llcinfer.model import catalog  # noqa: E402
 from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
 from llcinfer.model.tokenizer import Tokenizer  # noqa: E402
 from llcinfer.sparse import SparseAttention, SparseConfig, stdlib_text  # noqa: E402
+from llcinfer.sparse.attention import AGGS, PHIS  # noqa: E402
 
 NEVER = 1 << 40  # min_context that keeps every row dense
 
@@ -63,7 +65,7 @@ def retuned(sp: SparseAttention, **changes) -> SparseAttention:
     """A view of ``sp`` (same basis and index cache) with another config."""
     v = copy.copy(sp)
     v.config = dataclasses.replace(sp.config, **changes)
-    v.phi, v.agg = {"relu": 0, "exp": 1}[v.config.phi], {"max": 0, "sum": 1}[v.config.agg]
+    v.phi, v.agg = PHIS[v.config.phi], AGGS[v.config.agg]
     v.k_blocks = -(-v.config.top_k // sp.pool.block_size)
     return v
 
@@ -246,28 +248,41 @@ def tpot(a) -> dict:
     return out
 
 
+def _count(least: int):
+    """An argparse type: an integer of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least} (got {text!r})")
+        return n
+    return parse
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("quality", "tpot"):
         p = sub.add_parser(name)
         p.add_argument("-m", "--model", required=True)
-        p.add_argument("--depth", type=int, default=8000)
-        p.add_argument("--threads", type=int, default=2)
+        p.add_argument("--depth", type=_count(1), default=8000)
+        p.add_argument("--threads", type=_count(1), default=2)
         p.add_argument("--json")
     q = sub.choices["quality"]
-    q.add_argument("--probes", type=int, default=16)
-    q.add_argument("--ranks", type=int, nargs="+", default=[16])
-    q.add_argument("--top-k", type=int, nargs="+", default=[512, 1024, 2048])
+    q.add_argument("--probes", type=_count(1), default=16)
+    q.add_argument("--ranks", type=_count(1), nargs="+", default=[16])
+    q.add_argument("--top-k", type=_count(1), nargs="+", default=[512, 1024, 2048])
     t = sub.choices["tpot"]
-    t.add_argument("-n", type=int, default=24, help="decode steps (half dense, half sparse)")
-    t.add_argument("--top-k", type=int, default=1024)
-    t.add_argument("--rank", type=int, default=16)
-    t.add_argument("--window", type=int, default=256)
-    t.add_argument("--dense-layers", type=int, default=2)
-    t.add_argument("--full-every", type=int, default=1)
-    t.add_argument("--probes", type=int, default=8, help="query rows for mass / recall after the timing (0: none)")
-    t.add_argument("--pool-ctx", type=int, default=0, help="pool size in tokens (a --state reused across depths)")
+    t.add_argument("-n", type=_count(1), default=24, help="decode steps (half dense, half sparse)")
+    t.add_argument("--top-k", type=_count(1), default=1024)
+    t.add_argument("--rank", type=_count(1), default=16)
+    t.add_argument("--window", type=_count(1), default=256)
+    t.add_argument("--dense-layers", type=_count(0), default=2)
+    t.add_argument("--full-every", type=_count(1), default=1)
+    t.add_argument("--probes", type=_count(0), default=8, help="query rows for mass / recall after the timing (0: none)")
+    t.add_argument("--pool-ctx", type=_count(0), default=0, help="pool size in tokens (a --state reused across depths)")
     t.add_argument("--state", help="npz of the filled context: resumed, saved after each fill run")
     t.add_argument("--fill-budget", type=float, default=1e9, help="seconds of filling in this run")
     a = ap.parse_args()
@@ -278,4 +293,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LLCInferError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--phi", choices=["exp", "relu"], default="exp")
     ap.add_argument("--reps", type=int, default=100)
     a = ap.parse_args()
+    if a.threads < 1 or a.reps < 1:
+        ap.error(f"--threads and --reps must be positive (got {a.threads}, {a.reps})")
     jit.set_threads(a.threads)
     phi = PHI_EXP if a.phi == "exp" else PHI_RELU
     for name, KVH, G, n in SHAPES:

@@ -34,6 +34,7 @@ from .model import catalog
 from .model.chat_template import ChatTemplate
 from .model.gguf_file import GGUFFile
 from .model.tokenizer import Tokenizer
+from .sparse import SparseConfig
 
 _SAMPLING_KEYS = {f for f in SamplingParams.__dataclass_fields__}
 
@@ -69,13 +70,21 @@ class LLM:
         check_plan: time the chosen plan and the best one of the other kind for a few decode
             steps at start-up and keep the faster (``LLCINFER_CALIBRATE=0`` turns it off,
             and the first-use kernel calibration with it).
+        sparse: sparse attention for long contexts: rows with at least 4096 keys attend to
+            the first tokens, the last 256 and the ``sparse_top_k`` tokens (whole 16-token
+            blocks) a low-rank indexer of the model's own keys scores highest; the first two
+            layers stay dense.  The indexer is calibrated on first use (seconds, once per
+            model, cached beside the repacked weights).  Decode runs on the batched path.
+            Not with ``speculative``.
+        sparse_top_k: tokens the indexer picks (default 1024).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_STEP_TOKENS, progress: bool = True,
                  numerics: str = "llama.cpp", kv_type: str | None = None, n_seq: int = 1,
                  kv_budget_mb: float | None = None, check_plan: bool = True, speculative: str | None = None,
-                 spec_budget: int | None = None, spec_policy: str = "super-tree"):
+                 spec_budget: int | None = None, spec_policy: str = "super-tree", sparse: bool = False,
+                 sparse_top_k: int | None = None):
         if numerics not in ("llama.cpp", "f32"):
             raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
         if kv_type is not None and kv_type not in KV_TYPES:
@@ -85,6 +94,15 @@ class LLM:
                 raise UsageError(f"{name} must be a positive integer (got {value!r})")
         if kv_budget_mb is not None and not kv_budget_mb > 0:
             raise UsageError(f"kv_budget_mb must be positive (got {kv_budget_mb!r})")
+        if sparse_top_k is not None and (not isinstance(sparse_top_k, int) or isinstance(sparse_top_k, bool)
+                                         or sparse_top_k < 1):
+            raise UsageError(f"sparse_top_k must be a positive integer (got {sparse_top_k!r})")
+        if sparse_top_k is not None and not sparse:
+            raise UsageError("sparse_top_k needs sparse=True")
+        if sparse and speculative not in (None, "none"):
+            raise UsageError("sparse attention and speculative decoding do not combine yet (draft tree rows "
+                             "move K/V the index cache does not follow)")
+        sparse_config = (SparseConfig() if sparse_top_k is None else SparseConfig(top_k=sparse_top_k)) if sparse else None
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
         self.threads = set_threads(threads)
@@ -109,7 +127,7 @@ class LLM:
                                       kv_type)
         self.engine = Engine(self.model, self.tokenizer, n_ctx, n_batch, kv_type=kv_type, n_seq=n_seq,
                              kv_budget_bytes=budget, domains=domains_from_plan(self.plan, self.config),
-                             speculator=speculator)
+                             speculator=speculator, sparse=sparse_config)
         self.executor_note = self.engine.runner.executor_note  # why decode rows skip the executor (None: they don't)
         self.engine.runner.warm_up(self.engine.new_sequence)
         if speculator is not None:
@@ -196,7 +214,9 @@ class LLM:
             self._last_stats = handle.stats
 
     def kv_stats(self) -> dict:
-        """The KV pool (committed / cached / reserved blocks) and prefix-sharing counters.
+        """The KV pool (committed / cached / reserved blocks) and prefix-sharing counters;
+        with ``sparse``, the index cache's bytes per token (against the KV's) and committed,
+        and the fraction of the keys the sparse rows attended.
 
         ``in_use_blocks`` are held by live requests: the committed blocks less the cached
         ones (indexed for prefix reuse, evictable) and ``retained_blocks``, those only the
@@ -213,6 +233,8 @@ class LLM:
             d.update({f"prefix_{k}": v for k, v in vars(self.engine.prefix.stats).items()})
         d["preemptions"] = self.engine.scheduler.n_preemptions
         d["reused_tokens"] = self.engine.scheduler.n_reused_tokens  # from the last finished request's sequence
+        if self.engine.sparse is not None:  # index cache bytes (full layers only) and what ran sparse
+            d.update(self.engine.sparse.kv_stats())
         return d
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

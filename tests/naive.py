@@ -109,5 +109,48 @@ def int8_kv_round(x, group):
     d = (np.abs(g).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     v = g * inv
-    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
+    q = np.clip(round_half_away(v), -127, 127)
     return (q * d).reshape(x.shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- sparse indexer
+def index_keys(k, basis):
+    """kernels/sparse_index.store_index_rows: k  # [n, KVH, D], basis  # [KVH, r, D] ->
+    (q  # [n, KVH, r] int8 values, s  # [n, KVH] f32) with y = basis @ k, s = max|y| / 127."""
+    y = np.einsum("nhd,hrd->nhr", k.astype(np.float64), basis.astype(np.float64)).astype(np.float32)
+    s = (np.abs(y).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(s > 0, np.float32(1) / np.where(s > 0, s, 1), 0).astype(np.float32)
+    v = y * inv[..., None]
+    q = np.clip(round_half_away(v), -127, 127)
+    return q.astype(np.int8), s
+
+
+def round_half_away(v):
+    return np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+
+
+def block_scores(qt, q, s, G, phi, agg, w, n_sink, n_win, bs):
+    """kernels/sparse_index.select_blocks's scores of its candidate blocks  # [n_cand]:
+    qt  # [H, r] f32 the projected query heads, quantized as the kernel does,
+    u[h] = round(qt[h] / c[h]), c[h] = max|qt[h]| / 127;  x[h, t] = c[h] s[t, kvh(h)]
+    (u[h] . q[t, kvh(h)]);  I[t] = sum_h w[h] phi(x[h, t]);  a block's score the max (agg
+    0) or sum (agg 1) of its tokens' I."""
+    n = q.shape[0]
+    nb = -(-n // bs)
+    kvh = np.arange(qt.shape[0]) // G
+    c = (np.abs(qt).max(1) / np.float32(127)).astype(np.float32)  # [H]
+    inv = np.where(c > 0, np.float32(1) / np.where(c > 0, c, 1), 0).astype(np.float32)
+    u = np.clip(round_half_away(qt * inv[:, None]), -127, 127).astype(np.int64)  # [H, r]
+    dot = np.einsum("hr,thr->ht", u, q[:, kvh].astype(np.int64))  # [H, n] exact
+    x = (dot.astype(np.float32) * s[:, kvh].T).astype(np.float64) * c[:, None]  # [H, n]
+    if phi == 1:
+        kept = np.zeros(n, bool)
+        kept[:n_sink * bs] = True
+        kept[(nb - n_win) * bs:] = True
+        m = x[:, kept].max(1, keepdims=True)
+        per = np.exp(np.minimum(x - m, 60.0))
+    else:
+        per = np.maximum(x, 0.0)
+    tok = (w[:, None] * per).sum(0)  # [n]
+    cand = tok[n_sink * bs:(nb - n_win) * bs].reshape(-1, bs)
+    return cand.max(1) if agg == 0 else cand.sum(1)

@@ -21,6 +21,7 @@ LAYERS = [
     ["speculative"],
     ["planner"],
     ["executor"],
+    ["sparse"],
     ["kv"],
     ["kernels"],
     ["weights"],

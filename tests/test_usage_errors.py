@@ -55,6 +55,10 @@ def test_llm_bad_arguments(files):
     (["--min-p", "2"], "min_p"),
     (["--temp", "abc"], "abc"),
     (["--bogus-option"], "bogus"),
+    (["--sparse", "--sparse-top-k", "0"], "sparse_top_k"),
+    (["--sparse", "--sparse-top-k", "-3"], "sparse_top_k"),
+    (["--sparse", "--sparse-top-k", "abc"], "abc"),
+    (["--sparse-top-k", "64"], "needs sparse"),
 ])
 def test_cli_usage_errors(files, args, fragment):
     proc = run_cli("generate", "-m", files["good"], *args, "hi")

@@ -10,7 +10,8 @@ import sys
 import click
 
 from ..engine.sampling import SamplingParams
-from .options import kv_options, model_options, sampling_kwargs, sampling_options, spec_kwargs, spec_options
+from .options import (kv_options, model_options, sampling_kwargs, sampling_options, sparse_options, spec_kwargs,
+                      spec_options)
 
 HELP = "commands: /reset (clear history), /exit (quit); Ctrl-C stops a reply, Ctrl-D exits"
 
@@ -18,10 +19,11 @@ HELP = "commands: /reset (clear history), /exit (quit); Ctrl-C stops a reply, Ct
 @click.command()
 @model_options
 @kv_options
+@sparse_options
 @spec_options
 @sampling_options
 @click.option("--system", default=None, help="System message that opens the conversation.")
-def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, system, **kw):
+def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, system, **kw):
     """Chat with a model in the terminal."""
     spec = spec_kwargs(kw)
     sampling = sampling_kwargs(kw)
@@ -31,7 +33,7 @@ def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, system, **kw):
     from ..api import LLM
 
     llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
-              kv_budget_mb=kv_budget_mb, **spec)
+              kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, **spec)
     llm.apply_chat_template([{"role": "user", "content": "x"}])  # no template: fail now
     base = [{"role": "system", "content": system}] if system else []
     history = list(base)

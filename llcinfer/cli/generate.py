@@ -8,19 +8,22 @@ import click
 
 from ..errors import UsageError
 from ..engine.sampling import SamplingParams
-from .options import kv_options, model_options, sampling_kwargs, sampling_options, spec_kwargs, spec_options
+from .options import (kv_options, model_options, sampling_kwargs, sampling_options, sparse_options, spec_kwargs,
+                      spec_options)
 
 
 @click.command()
 @model_options
 @kv_options
+@sparse_options
 @spec_options
 @sampling_options
 @click.option("--chat", "use_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--verbose", "-v", is_flag=True, help="Print prompt and generation speed on stderr.")
 @click.argument("prompt")
-def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, use_chat, system, verbose, **kw):
+def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, use_chat, system,
+             verbose, **kw):
     """Complete PROMPT (use - to read it from stdin) and stream the text to stdout."""
     spec = spec_kwargs(kw)
     SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
@@ -31,7 +34,7 @@ def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, use
     from ..api import LLM
 
     llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
-              kv_budget_mb=kv_budget_mb, **spec)
+              kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, **spec)
     if use_chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         pieces = llm.chat(messages, stream=True, **sampling_kwargs(kw))

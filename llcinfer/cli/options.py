@@ -34,6 +34,15 @@ def kv_options(f):
     return f
 
 
+def sparse_options(f):
+    """Sparse attention for long contexts (LLM's sparse, sparse_top_k)."""
+    f = click.option("--sparse-top-k", type=int, default=None,
+                     help="Tokens the sparse indexer picks (default 1024; needs --sparse).")(f)
+    f = click.option("--sparse", is_flag=True,
+                     help="Sparse attention on rows with 4096 keys or more (indexer calibrated on first use).")(f)
+    return f
+
+
 def spec_options(f):
     """Speculative decoding options (generate, chat)."""
     f = click.option("--spec-policy", type=click.Choice(["super-tree", "per-sequence"]), default="super-tree",

@@ -22,6 +22,8 @@ import numpy as np
 from ..errors import ContextLengthError, UsageError
 from ..kv import DEFAULT_BLOCK_SIZE, PagedSequence
 from ..model.tokenizer import Tokenizer
+from ..sparse import SparseConfig
+from .sparse_setup import enable_sparse
 from .request import Completion, Request, RequestHandle, State
 from .runner import ModelRunner
 from .sampling import SamplingParams, token_logprobs
@@ -38,17 +40,23 @@ class Engine:
     "f16" | "int8" | "f32" (None: the model's default); ``kv_budget_bytes`` caps the
     committed KV memory (None: available RAM less the model and a margin); ``domains``
     the executor's cores (None: every row on the batched forward pass); ``speculator``
-    drafts and verifies token trees for decoding requests (engine/speculation.py)."""
+    drafts and verifies token trees for decoding requests (engine/speculation.py);
+    ``sparse``: sparse attention for long contexts (engine/sparse_setup.py; its decode rows
+    skip the executor).  The two do not combine (api.py refuses it)."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int, step_tokens: int = DEFAULT_STEP_TOKENS,
                  kv_type: str | None = None, n_seq: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_budget_bytes: int | None = None, prefix_sharing: bool = True, domains=None,
-                 speculator: Speculator | None = None):
+                 speculator: Speculator | None = None, sparse: SparseConfig | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.n_ctx = int(n_ctx)
         self.pool, self.prefix = model.new_pool(self.n_ctx, n_seq, kv_type, block_size, kv_budget_bytes,
                                                 prefix_sharing)
+        # sparse attention (above its context threshold) on this pool, or dense; before the runner
+        self.sparse = enable_sparse(model, tokenizer, self.pool, sparse) if sparse is not None else None
+        if sparse is None:
+            model.sparse = None
         self.runner = ModelRunner(model, self.pool.kind, domains)
         self.scheduler = Scheduler(self.pool, self.new_sequence, self.n_ctx, n_seq, step_tokens)
         self.speculator = speculator

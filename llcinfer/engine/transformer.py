@@ -63,6 +63,7 @@ class Transformer:
             for n, width in (("bq", c.n_head * c.head_dim), ("bk", c.n_kv_head * c.head_dim),
                              ("bv", c.n_kv_head * c.head_dim)))
         self._weights_settled = False  # the repacked weights are on 2 MiB pages (repack_cache)
+        self.sparse = None  # sparse.SparseAttention of the engine's pool (engine/sparse_setup.py), None: dense
 
     def settle_weights(self) -> None:
         """Called by the engine at each decode step after the first token: lets the repacked
@@ -142,6 +143,8 @@ class Transformer:
                 check_tree(t, i.size)
                 if pool.kind == KV_INT8 or p < 1:
                     raise ValueError("a draft tree needs a committed prefix in an f16 or f32 KV pool")
+                if self.sparse is not None:
+                    raise ValueError("draft trees and sparse attention do not combine (the index cache stays put)")
         tree_rows = []
         try:
             for (seq, _), t in zip(chunks, trees):
@@ -175,6 +178,8 @@ class Transformer:
         h = np.empty_like(x)  # [M, d_model] normed input of a block
         attn = np.empty((M, c.n_head, c.head_dim), np.float32)  # [M, H, D]
         rnd = self.llama_rounding
+        sp = self.sparse
+        selected = [{} for _ in chunks]  # per chunk: row -> blocks chosen by the last full layer (sparse)
         for li, lw in enumerate(w.layers):
             K.rms_norm(x, lw.attn_norm, c.rms_eps, h)
             q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv], rnd)  # [M, H*D], [M, KVH*D], [M, KVH*D]
@@ -182,15 +187,19 @@ class Transformer:
             K.rope_append_rows(q, k, v, self.bq, self.bk, self.bv, self.has_bias, li, c.n_head // c.n_kv_head,
                                c.head_dim, slots, row_seq, cs, c.rope_neox, rnd, kv["pool"], kv["kv_kind"],
                                tables, c.n_kv_head, kv["bs"], self.tag)
+            if sp is not None:  # index keys of the rotated K (full layers)
+                sp.store_index(li, k, slots, row_seq, tables)
             q3 = q.reshape(M, c.n_head, c.head_dim)
-            for (seq, _), r0, r1, p0, tr in zip(chunks, starts, ends, pos0, tree_rows):
+            for (seq, _), r0, r1, p0, tr, sel in zip(chunks, starts, ends, pos0, tree_rows, selected):
                 if kv["kv_kind"] == KV_INT8:  # rows quantized with their scales (not appended above)
                     seq.store(li, p0, k[r0:r1].reshape(-1, c.n_kv_head, c.head_dim),
                               v[r0:r1].reshape(-1, c.n_kv_head, c.head_dim))
-                if tr is None:
+                if tr is not None:
+                    seq.tree_attention(li, q3[r0:r1], p0, tr, self.scale, attn[r0:r1])
+                elif sp is None:
                     seq.attention(li, q3[r0:r1], p0, self.scale, attn[r0:r1])
                 else:
-                    seq.tree_attention(li, q3[r0:r1], p0, tr, self.scale, attn[r0:r1])
+                    sp.attend(seq, li, q3[r0:r1], p0, self.scale, attn[r0:r1], sel)
             x += lw.wo(attn.reshape(M, -1), llama_rounding=rnd)
             K.rms_norm(x, lw.ffn_norm, c.rms_eps, h)
             gate, up = K.linear_many(h, [lw.w_gate, lw.w_up], rnd)  # [M, d_ff] each

@@ -258,6 +258,18 @@ def vmaxf(typingctx, a, b):
     return a(a, b), codegen
 
 
+@intrinsic
+def vminf(typingctx, a, b):
+    """Lane-wise min of two float vectors (vminps)."""
+    if not (_float_vec(a) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _min_ir(builder, *args)
+
+    return a(a, b), codegen
+
+
 def _hreduce(builder, v, op):
     n = v.type.count
     while n > 1:

@@ -1,5 +1,6 @@
 """The paged KV cache: a fixed-address block pool (pool.py), per-sequence block tables
-(block_table.py) and hash-chained prefix sharing with copy-on-write (prefix.py).
+(block_table.py; a draft tree's rows: tree_rows.py) and hash-chained prefix sharing with
+copy-on-write (prefix.py).
 
     pool = KVPool(n_layer, n_kv_head, head_dim, block_size=16, n_blocks=..., kv_type="f16")
     prefix = PrefixCache(pool.block_size); pool.on_evict = prefix.forget

@@ -29,6 +29,7 @@ from ..kernels.tree_attention import move_kv_slots, tree_attention
 from ..kernels.tables import F16_TO_F32
 from .pool import KVPool
 from .prefix import PrefixCache
+from .tree_rows import TreeRows
 
 
 class PagedSequence:
@@ -161,6 +162,18 @@ class PagedSequence:
                     out[kv, t - start] = raw * np.repeat(sc.reshape(KVH, gs), p.group, axis=1)
         return out[0], out[1]
 
+    def keys(self, layer: int) -> np.ndarray:
+        """k  # [n_tokens, n_kv_head, head_dim] f32 of one layer, read in bulk (calibration);
+        an int8 pool goes through ``read``."""
+        p, bs, n = self.pool, self.block_size, self._n
+        if not p.head_major:
+            return self.read(layer, 0, n)[0]
+        KVH, D, nb = p.n_kv_head, p.head_dim, self.n_blocks
+        chunks = p._chunks()[layer * KVH:(layer + 1) * KVH][:, self.table[:nb], :bs * D]  # [KVH, block, K^T elems]
+        kt = chunks.reshape(KVH, nb, D, bs)  # [KVH, block, D, token]
+        kt = kt.view(np.float16) if p.kind == KV_F16 else kt
+        return np.ascontiguousarray(kt.transpose(1, 3, 0, 2).reshape(nb * bs, KVH, D)[:n], dtype=np.float32)
+
     def attention(self, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray) -> None:
         """out  # [M, H, D] = causal attention of q  # [M, H, D] over positions 0 .. n_past+M-1.
 
@@ -182,13 +195,13 @@ class PagedSequence:
         if n_pre < M:
             paged_attention(q[n_pre:], *args, n_past + n_pre, np.float32(scale), out[n_pre:], threads=threads)
 
-    def tree_rows(self, parents: np.ndarray) -> "TreeRows":
+    def tree_rows(self, parents: np.ndarray) -> TreeRows:
         """Before a draft tree's forward (rows at slots n_tokens ...): each row's path and
         scratch blocks for ``tree_attention``; give them back with ``TreeRows.release``.
         Raises OutOfMemoryError (nothing held) when the pool has no room for them."""
         return TreeRows(self, parents)
 
-    def tree_attention(self, layer: int, q: np.ndarray, n_prefix: int, rows: "TreeRows", scale,
+    def tree_attention(self, layer: int, q: np.ndarray, n_prefix: int, rows: TreeRows, scale,
                        out: np.ndarray) -> None:
         """out  # [M, H, D] = attention of tree rows q  # [M, H, D] (row i at slot n_prefix + i)
         over the prefix and their ancestors (kernels/tree_attention.py)"""
@@ -300,44 +313,3 @@ class PagedSequence:
         except Exception:
             pass
 
-
-class TreeRows:
-    """A draft tree's rows after ``seq.n_tokens`` committed tokens, for tree_attention:
-
-        paths   # [M, max depth + 1] int64  row i's ancestors by depth, root first, i last
-        depth   # [M] int64
-        tables  # [M, blocks] int32  the prefix's blocks, then row i's scratch blocks
-    """
-
-    def __init__(self, seq: PagedSequence, parents: np.ndarray):
-        parents = np.asarray(parents, np.int64).reshape(-1)
-        M = parents.size
-        depth = np.zeros(M, np.int64)
-        for i in range(1, M):
-            depth[i] = depth[parents[i]] + 1
-        paths = np.zeros((M, depth.max() + 1), np.int64)
-        for i in range(M):
-            node = i
-            for d in range(depth[i], -1, -1):
-                paths[i, d] = node
-                node = parents[node]
-        bs, n0 = seq.block_size, seq.n_tokens
-        first = n0 // bs  # the first block a row's virtual tail rewrites
-        n_tail = -(-(n0 + int(depth.max()) + 1) // bs) - first
-        self.pool = seq.pool
-        self.scratch: list[int] = []
-        try:
-            for _ in range(M * n_tail):
-                self.scratch.append(self.pool.allocate(f"{seq.name} (draft tree)"))
-        except OutOfMemoryError:
-            self.release()
-            raise
-        tables = np.zeros((M, first + n_tail), np.int32)
-        tables[:, :first] = seq.table[:first]
-        tables[:, first:] = np.asarray(self.scratch, np.int32).reshape(M, n_tail)
-        self.paths, self.depth, self.tables = paths, depth, tables
-
-    def release(self) -> None:
-        for b in self.scratch:
-            self.pool.release(b)
-        self.scratch = []

@@ -105,6 +105,7 @@ class KVPool:
         self.n_committed = 0  # blocks in use or cached (their pages may be resident)
         self.peak_committed = 0
         self.n_released = 0  # blocks handed back to the OS so far
+        self.companions: list = []  # stores kept per pool block beside the KV (sparse index cache): copy_block(src, dst)
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -235,6 +236,8 @@ class KVPool:
             c[:, dst] = c[:, src]
         else:
             self.data[dst] = self.data[src]
+        for c in self.companions:  # their per-block data follows the copy (copy-on-write)
+            c.copy_block(src, dst)
 
     def stats(self) -> dict:
         return {"kv_type": self.kv_type, "block_size": self.block_size, "block_bytes": self.block_bytes,

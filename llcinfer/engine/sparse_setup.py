@@ -1,0 +1,55 @@
+"""Turning sparse attention on for a model and its KV pool: the index-key basis from the
+cache beside the repacked weights, or calibrated now on the standard library's sources
+(sparse/basis.py), then a SparseAttention the forward pass uses."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.tokenizer import Tokenizer
+from ..kv import KVPool
+from ..sparse import SparseAttention, SparseConfig, basis_file, fit_basis, load_basis, rotate_to, save_basis, stdlib_text
+from .transformer import Transformer
+
+CALIBRATION_TOKENS = 4096  # of stdlib text; measured in perf/sparse_bench.py
+_CHUNK = 512  # prompt tokens per forward pass while calibrating
+
+
+def calibrate_basis(model: Transformer, tokens: list[int], rank: int, seed: int = 0) -> np.ndarray:
+    """basis  # [L, KVH, rank, D] f32 of the keys ``tokens`` produce (dense pass, f32 KV),
+    each key re-rotated to a position drawn uniformly over the trained context."""
+    c = model.config
+    saved, model.sparse = model.sparse, None
+    seq = model.new_cache(len(tokens) + 1, kv_type="f32")
+    try:
+        for i in range(0, len(tokens), _CHUNK):
+            model.forward_chunks([(seq, tokens[i:i + _CHUNK])])
+        rng = np.random.default_rng(seed)
+        n = seq.n_tokens
+        pos = np.arange(n)
+        horizon = max(n, int(c.n_ctx_train or 0))
+        keys = [rotate_to(seq.keys(li), pos, rng.integers(0, horizon, n), model.inv_freq, c.rope_neox)
+                for li in range(c.n_layer)]  # per layer [n, KVH, D]
+    finally:
+        seq.free()
+        model.sparse = saved
+    return fit_basis(keys, rank)
+
+
+def model_basis(model: Transformer, tokenizer: Tokenizer, rank: int, n_tokens: int = CALIBRATION_TOKENS) -> np.ndarray:
+    """The cached basis of ``model`` at ``rank``, calibrated (and cached) on first use."""
+    c = model.config
+    path = basis_file(model.gguf.path, rank)
+    basis = load_basis(path, c.n_layer, c.n_kv_head, c.head_dim, rank)
+    if basis is None:
+        tokens = tokenizer.encode(stdlib_text(8 * n_tokens))[:n_tokens]
+        basis = calibrate_basis(model, tokens, rank)
+        save_basis(path, basis)
+    return basis
+
+
+def enable_sparse(model: Transformer, tokenizer: Tokenizer, pool: KVPool, config: SparseConfig) -> SparseAttention:
+    """Sparse attention for every sequence on ``pool`` from now on (model.sparse)."""
+    sp = SparseAttention(config, model_basis(model, tokenizer, config.rank), pool, model.config.n_head)
+    model.sparse = sp
+    return sp

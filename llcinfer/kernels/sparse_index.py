@@ -1,0 +1,270 @@
+"""The sparse-attention indexer's kernels: index keys appended beside the KV, and the
+block scorer with its top-k.
+
+Index keys (one per token, layer and KV head) are the post-RoPE key projected on a
+per-(layer, KV head) basis of rank r, stored int8 (+ 128, as u8) with one f32 scale per
+token and head:
+
+    y = basis[h] @ k[h];   s = max|y| / 127;   q = round(y / s)        (half away from zero)
+    idx  # [full layer, pool block, kv_head, r/4, token, 4] uint8 q + 128: the 4 ranks of a
+         #   quad of one token are one 32-bit lane, a block's tokens the lanes of a vector
+    isc  # [full layer, pool block, kv_head, token] f32
+
+The scorer follows DSA's form over the query heads h (G of them per KV head):
+
+    qt[h]   = scale * hbasis[h] @ q[h]                  the query head on its KV head's basis
+    u[h]    = round(qt[h] / c[h]),  c[h] = max|qt[h]| / 127       (int8, as the keys)
+    x[h, t] = c[h] isc[t, kvh(h)] (u[h] . idx[t, kvh(h)])      (exact int dot: vpdpbusd)
+    I[t]    = sum_h w[h] phi(x[h, t])
+        phi = relu:  max(x, 0)
+        phi = exp:   exp(min(x - m[h], 60)),  m[h] = max of x[h, .] over the always-kept tokens
+    score(block) = max_t I[t] (agg max)  or  sum_t I[t] (agg sum)
+
+and picks the K best candidate blocks (ties: the earlier) by a threshold from one
+partition of the scores.  Candidates are the full blocks between the sink blocks (the
+first) and the window blocks (the last, the partial one among them).  One vector of W
+lanes holds W tokens of one block: per (block, KV head) 4 key loads serve all G query
+heads (r/4 vpdpbusd each), phi runs on whole vectors; the candidates are split over the
+threads.  The u8 x s8 dot needs the key + 128: each quad's dot starts at -128 sum u[quad].
+"""
+
+import numpy as np
+from numba import prange
+
+from ..jit import inline_kernel, kernel, parallel_kernel
+from .simd import addr, lanes_of, vbcast4, vlanes, vload, vloadf, vsplat, vstore
+from .simd_math import vadd, vcvt, vdot_q8, vexp, vfma, vhmax, vhsum, vmaxf, vminf, vmul, vzero_f, vzero_i
+
+PHI_RELU, PHI_EXP = 0, 1
+AGG_MAX, AGG_SUM = 0, 1
+EXP_CAP = np.float32(60.0)  # exp(x - m) of a token far above the kept tokens' max stays finite
+_NEG = np.float32(-3.0e38)
+# (candidate block, query head) pairs per thread below which one thread scores alone: ~10 ns
+# a pair on Zen 4, so 6144 pairs take ~60 us, about a parallel region's launch
+PARALLEL_WORK = 6144
+PAD_LANES = 16  # the index arrays' padding: a vector of up to 16 lanes read at the last token
+
+
+@kernel
+def store_index_rows(k, basis, pos, seq, tables, bs, slot, idx, isc):
+    """Index keys of every row into full-layer ``slot``.
+
+    k  # [M, KVH*D] f32 rotated keys;  basis  # [KVH, r, D] f32 (this layer's);
+    pos, seq  # [M] slot and sequence of each row;  tables  # [n_seq, blocks] int32."""
+    M = k.shape[0]
+    KVH, r, D = basis.shape
+    y = np.empty(r, np.float32)  # [r] the projected key of one (row, head)
+    for m in range(M):
+        p = pos[m]
+        blk = tables[seq[m], p // bs]
+        j = p % bs
+        for h in range(KVH):
+            amax = np.float32(0.0)
+            for i in range(r):
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += basis[h, i, d] * k[m, h * D + d]
+                y[i] = acc
+                amax = max(amax, abs(acc))
+            s = amax / np.float32(127.0)
+            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            isc[slot, blk, h, j] = s
+            for i in range(r):
+                v = y[i] * inv
+                iv = np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)
+                idx[slot, blk, h, i // 4, j, i % 4] = np.uint8(min(127, max(-127, iv)) + 128)
+
+
+@inline_kernel
+def _head_dots(ia, kb, R4, bs, qa, qb, qcorr, hh, tag):
+    """[W] int32: u[hh] . key of tokens j0 .. j0+W-1 (kb: byte offset of their quad 0 in
+    idx, qb: of u[hh] in qw).  Quad by quad: vdot_q8 on AVX2 returns the quad's dot alone
+    (no accumulator), on VNNI acc + dot(key + 128, u), acc = qcorr[hh, c] its correction."""
+    acc = vzero_i(tag)
+    for c in range(R4):
+        acc = vadd(acc, vdot_q8(vsplat(qcorr[hh, c], tag), (vload(ia, kb + c * bs * 4, tag),),
+                                (vbcast4(qa, qb + 4 * c, tag),), tag))
+    return acc
+
+
+@kernel
+def _kept_max(idx, isc, qw, qsc, qcorr, slot, table, n_keys, bs, G, n_sink, n_win, hmax, tag):
+    """hmax  # [H] = max of x[h, t] over the sink and window blocks' tokens (t < n_keys)."""
+    NB, KVH, R4 = idx.shape[1], idx.shape[2], idx.shape[3]
+    W = vlanes(tag)
+    ia, sa, qa = addr(idx), addr(isc), addr(qw)
+    lanes = np.empty(W, np.float32)  # [W] one vector, for a partial one's valid lanes
+    la = addr(lanes)
+    nb = (n_keys + bs - 1) // bs
+    hmax[:] = _NEG
+    for b in range(nb):
+        if n_sink <= b < nb - n_win:
+            continue
+        n_tok = min(bs, n_keys - b * bs)
+        for j0 in range(0, n_tok, W):
+            valid = min(W, n_tok - j0)
+            for h in range(KVH):
+                hb = (slot * NB + table[b]) * KVH + h  # (slot, block, head) row
+                iv = vloadf(sa, 4 * (hb * bs + j0), tag)  # [W] token scales
+                for g in range(G):
+                    hh = h * G + g
+                    acc = _head_dots(ia, (hb * R4 * bs + j0) * 4, R4, bs, qa, hh * R4 * 4, qcorr, hh, tag)
+                    x = vmul(vmul(vcvt(acc), iv), vsplat(qsc[hh], tag))
+                    if valid == W:
+                        m = vhmax(x)
+                    else:
+                        vstore(la, 0, x)
+                        m = lanes[0]
+                        for j in range(1, valid):
+                            m = max(m, lanes[j])
+                    hmax[hh] = max(hmax[hh], m)
+
+
+@kernel
+def _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, b0, b1, scores, tag):
+    """scores[b - b0] for the full candidate blocks b0 .. b1-1 (sequence block slots)."""
+    NB, KVH, R4 = idx.shape[1], idx.shape[2], idx.shape[3]
+    W = vlanes(tag)
+    ia, sa, qa = addr(idx), addr(isc), addr(qw)
+    lanes = np.empty(W, np.float32)  # [W] one vector, for a partial one's valid lanes (bs % W)
+    la = addr(lanes)
+    cap, zero = vsplat(EXP_CAP, tag), vzero_f(tag)
+    for b in range(b0, b1):
+        total = np.float32(0.0) if agg == AGG_SUM else _NEG
+        for j0 in range(0, bs, W):
+            tok = vzero_f(tag)  # [W] I[t] of tokens j0 ..
+            for h in range(KVH):
+                hb = (slot * NB + table[b]) * KVH + h
+                iv = vloadf(sa, 4 * (hb * bs + j0), tag)
+                for g in range(G):
+                    hh = h * G + g
+                    acc = _head_dots(ia, (hb * R4 * bs + j0) * 4, R4, bs, qa, hh * R4 * 4, qcorr, hh, tag)
+                    t = vmul(vcvt(acc), iv)
+                    if phi == PHI_EXP:  # exp(min(t c - m, 60))
+                        e = vexp(vminf(vfma(t, vsplat(qsc[hh], tag), vsplat(-hmax[hh], tag)), cap))
+                    else:
+                        e = vmaxf(vmul(t, vsplat(qsc[hh], tag)), zero)
+                    tok = vfma(vsplat(w[hh], tag), e, tok)
+            valid = min(W, bs - j0)
+            if valid == W:
+                part = vhsum(tok) if agg == AGG_SUM else vhmax(tok)
+            else:
+                vstore(la, 0, tok)
+                part = lanes[0]
+                for j in range(1, valid):
+                    part = part + lanes[j] if agg == AGG_SUM else max(part, lanes[j])
+            total = total + part if agg == AGG_SUM else max(total, part)
+        scores[b - b0] = total
+
+
+@kernel
+def top_blocks(scores, k, out):
+    """out[:k] = indices of the k largest scores  # [n] (ties: the lower index), ascending;
+    returns how many (min(k, n)).  One partition gives the k-th largest as a threshold."""
+    n = scores.size
+    if k >= n:
+        for i in range(n):
+            out[i] = i
+        return n
+    thr = np.partition(scores, n - k)[n - k]
+    ties = k
+    for i in range(n):
+        if scores[i] > thr:
+            ties -= 1
+    c = 0
+    for i in range(n):
+        s = scores[i]
+        if s > thr or (s == thr and ties > 0):
+            if s == thr:
+                ties -= 1
+            out[c] = i
+            c += 1
+    return c
+
+
+@kernel
+def quantize_query(q, hbasis, scale, qw, qsc, qcorr):
+    """u = qw  # [H, r] int8, c = qsc  # [H] and qcorr  # [H, r/4] int32 (-128 sum of
+    each quad of u[h]) of the query row  q  # [H, D] on  hbasis  # [H, r, D], times scale."""
+    H, r, D = hbasis.shape
+    qt = np.empty(r, np.float32)  # [r] one query head on its basis
+    for hh in range(H):
+        amax = np.float32(0.0)
+        for i in range(r):
+            acc = np.float32(0.0)
+            for d in range(D):
+                acc += hbasis[hh, i, d] * q[hh, d]
+            qt[i] = acc * scale
+            amax = max(amax, abs(qt[i]))
+        c = amax / np.float32(127.0)
+        inv = np.float32(1.0) / c if c > 0 else np.float32(0.0)
+        qsc[hh] = c
+        for i in range(r // 4):
+            qcorr[hh, i] = 0
+        for i in range(r):
+            v = qt[i] * inv
+            iv = min(127, max(-127, np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)))
+            qw[hh, i] = iv
+            qcorr[hh, i // 4] -= 128 * iv
+
+
+@parallel_kernel
+def _select(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks, threads,
+            scores, out, tag):
+    """select_blocks; nothing but the prange here (numba makes array expressions of a
+    parallel kernel parallel regions of their own, each a thread-pool launch)."""
+    H, r, D = hbasis.shape
+    G = H // idx.shape[2]
+    qw = np.empty((H, r), np.int8)  # [H, r] u[h]
+    qsc = np.empty(H, np.float32)  # [H] c[h]
+    qcorr = np.empty((H, r // 4), np.int32)  # [H, r/4] -128 sum of each quad of u[h]
+    quantize_query(q, hbasis, scale, qw, qsc, qcorr)
+    hmax = np.empty(H, np.float32)  # [H] m[h] (phi exp)
+    if phi == PHI_EXP:
+        _kept_max(idx, isc, qw, qsc, qcorr, slot, table, n_keys, bs, G, n_sink, n_win, hmax, tag)
+    nb = (n_keys + bs - 1) // bs
+    n_cand = nb - n_sink - n_win
+    T = max(1, min(threads, n_cand * H // PARALLEL_WORK))
+    if T == 1:  # a parallel region costs ~50 us on a busy 2-core host
+        _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, n_sink, nb - n_win, scores, tag)
+    else:
+        for t in prange(T):
+            b0, b1 = n_sink + n_cand * t // T, n_sink + n_cand * (t + 1) // T
+            _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, b0, b1,
+                         scores[b0 - n_sink:b1 - n_sink], tag)
+    chosen = np.empty(min(k_blocks, n_cand), np.int32)  # [K] candidate indices, ascending
+    n_ch = top_blocks(scores[:n_cand], k_blocks, chosen)
+    for i in range(n_sink):
+        out[i] = table[i]
+    for i in range(n_ch):
+        out[n_sink + i] = table[n_sink + chosen[i]]
+    for i in range(n_win):
+        out[n_sink + n_ch + i] = table[nb - n_win + i]
+    return n_sink + n_ch + n_win
+
+
+def select_blocks(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks,
+                  threads, scores, out, tag) -> int:
+    """The gathered block table of one query row into ``out``; returns its length.
+
+    q  # [H, D] f32 (rotated);  hbasis  # [H, r, D] f32 each head's KV head basis (this
+    layer's);  idx, isc the index cache (module doc; read past their end by up to one
+    vector: IndexCache pads them);  table  # [>= nb] int32 the sequence's pool blocks;  w
+    # [H] head weights;  scores  # [>= candidates] f32 (out, per candidate block);  out
+    # [>= n_sink + K + n_win] int32: sink, chosen (ascending) and window pool blocks.
+    Every block before the window must be full, candidates n_sink .. nb - n_win - 1."""
+    H, r, D = hbasis.shape
+    nb = -(-n_keys // bs)
+    n_cand = nb - n_sink - n_win
+    if (q.shape != (H, D) or idx.dtype != np.uint8 or idx.shape[2:] != (idx.shape[2], r // 4, bs, 4) or r % 4
+            or H % idx.shape[2] or isc.shape[1:] != (idx.shape[1], idx.shape[2], bs) or not 0 <= slot < idx.shape[0]
+            or table.size < nb or n_cand < 1 or scores.size < n_cand or out.size < nb or k_blocks < 1
+            or w.size != H or lanes_of(tag) > PAD_LANES):
+        raise ValueError(f"select_blocks: arguments do not fit (see its doc): q {q.shape}, hbasis {hbasis.shape}, "
+                         f"idx {idx.shape} {idx.dtype}, isc {isc.shape}, slot {slot}, table {table.size}, n_keys "
+                         f"{n_keys}, bs {bs}, sinks {n_sink}, window {n_win}, k {k_blocks}, scores {scores.size}, "
+                         f"out {out.size}, w {w.size}")
+    if table[:nb].max() >= idx.shape[1] or table[:nb].min() < 0:
+        raise ValueError("select_blocks: a block id outside the index cache")
+    return _select(q, hbasis, np.float32(scale), idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win,
+                   k_blocks, threads, scores, out, tag)

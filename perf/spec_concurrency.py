@@ -6,7 +6,8 @@ C requests run at once (``n_seq`` = C), each a code-edit chat prompt on a differ
 function of CPython's standard library (192 tokens, greedy).  Per policy: aggregate
 throughput (generated tokens / wall time of the batch, prompt included for all alike),
 verification steps per generated token, share of verified draft tokens wasted.  The
-configurations alternate per repetition; medians.
+configurations alternate per repetition; medians.  Each run first waits for the weights'
+2 MiB pages and serves one short untimed request on another prompt.
 
     python perf/spec_concurrency.py -m smollm2-135m --spec ngram --concurrency 1,4,8
     python perf/spec_concurrency.py -m qwen2.5-coder-1.5b --spec draft:qwen2.5-coder-0.5b
@@ -22,7 +23,9 @@ import time
 from pathlib import Path
 
 from llcinfer import LLM
+from llcinfer.bench.spec import WARM_UP
 from llcinfer.engine.sampling import SamplingParams
+from llcinfer.weights.repack_cache import wait_loaded
 
 
 FUNCTIONS = ["textwrap.TextWrapper._wrap_chunks", "textwrap.dedent", "json.encoder.py_encode_basestring",
@@ -48,6 +51,8 @@ def run(model: str, spec: str, policy: str, c: int, n: int, threads: int, budget
     llm = LLM(model, threads=threads, n_ctx=2048, n_seq=c, progress=False,
               speculative=None if spec == "none" else spec, spec_policy=policy, spec_budget=budget)
     try:
+        wait_loaded()  # the steady state: weights on 2 MiB pages
+        llm.chat(WARM_UP, max_tokens=16, temperature=0, ignore_eos=True)  # untimed: program shapes built
         prompts = []
         for f in FUNCTIONS[:c]:
             msgs = [{"role": "user", "content": "Add type hints to this function. Return the whole function.\n\n"

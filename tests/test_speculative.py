@@ -11,7 +11,7 @@ from llcinfer.engine.transformer import Transformer
 from llcinfer.errors import UsageError
 from llcinfer.kv import PagedSequence, new_pool
 from llcinfer.model.gguf_file import GGUFFile
-from llcinfer.speculative import (DraftTree, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
+from llcinfer.speculative import (Acceptance, DraftTree, Pacer, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
                                   select_super_tree)
 
 import naive
@@ -212,6 +212,48 @@ def test_best_chain_follows_the_most_confident_child():
     chain = tree.best_chain()
     assert chain.tokens.tolist() == [10, 13, 14] and chain.conf.tolist() == [0.7, 0.5, 0.4]
     assert chain.best_chain() is chain and DraftTree.empty().best_chain().is_chain
+
+
+def test_acceptance_scales_confidence_by_what_was_accepted():
+    acc = Acceptance()
+    assert acc.ratio == 1.0
+    for _ in range(30):  # claimed 0.5 a node, one node in ten accepted
+        acc.observe(np.full(10, 0.5), np.arange(10) == 0)
+    assert 0.15 < acc.ratio < 0.25
+    tree = DraftTree.chain([4, 5], [0.5, 0.4])
+    assert np.allclose(acc.scale(tree, 0.2).conf, [0.1, 0.08])
+    # an unverified chain is checked against the tokens decoding then produced
+    acc.shadow("r", 3, DraftTree.chain([7, 8, 9], [0.9, 0.8, 0.7]))
+    before = acc.accepted
+    acc.resolve("r", [0, 1, 2, 3, 7])  # only node 0 known, and right: undecided
+    assert acc.accepted == before
+    acc.resolve("r", [0, 1, 2, 3, 7, 8, 1])  # node 2 wrong: nodes 0 and 1 accepted
+    assert acc.accepted == pytest.approx(0.9 * before + 2)
+    acc.resolve("r", [0, 1, 2, 3, 7, 8, 9])  # resolved once only
+    assert acc.accepted == pytest.approx(0.9 * before + 2)
+    for _ in range(60):  # the drafts become good again
+        acc.observe(np.full(4, 0.5), np.ones(4, bool))
+    assert acc.ratio == 1.0
+
+
+def test_pacer_pauses_speculation_while_it_is_slower_than_plain():
+    pacer = Pacer()
+    for _ in range(3):
+        assert not pacer.paused()
+        pacer.record(True, 0.010)
+    assert [pacer.paused() for _ in range(3)] == [True, True, False]  # no plain figure yet: two plain steps
+    pacer.record(False, 0.008)
+    pacer.record(False, 0.008)
+    for _ in range(3):
+        pacer.record(True, 0.010)  # slower than plain's 8 ms
+    pauses = [pacer.paused() for _ in range(5)]
+    assert pauses == [True] * 4 + [False]
+    for _ in range(3):
+        pacer.record(True, 0.011)
+    assert sum(pacer.paused() for _ in range(20)) == 8  # found slower again: twice the pause
+    for _ in range(6):
+        pacer.record(True, 0.004)  # now faster: speculation goes on
+    assert not pacer.paused()
 
 
 def test_ngram_and_suffix_drafters_propose_seen_continuations():

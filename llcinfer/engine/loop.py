@@ -148,6 +148,7 @@ class Engine:
             self._finish(req, "error", err)
         if not batch.chunks:
             return bool(batch.failed)
+        t_start = time.perf_counter()
         if self.speculator is not None:
             self.speculator.extend(batch, self.n_ctx, self.scheduler.max_step_tokens)
         now = time.perf_counter()
@@ -164,7 +165,10 @@ class Engine:
                 self.speculator.stats.verifications += 1
                 self.speculator.stats.verify_seconds += time.perf_counter() - now
             self.speculator.prefilled(batch)
+        n_before = [len(c.request.tokens) for c in batch.chunks]
         self._post_process(batch, logits)
+        if self.speculator is not None:
+            self.speculator.record_step(batch, n_before, time.perf_counter() - t_start)
         self.n_steps += 1
         return True
 

@@ -24,7 +24,7 @@ from ..errors import OutOfMemoryError, UsageError
 from ..model import catalog
 from ..model.gguf_file import GGUFFile
 from ..planner.verify import VERIFY_ROWS, VerifyCost
-from ..speculative import (DraftModelDrafter, DraftTree, Gates, NgramDrafter, SuffixDrafter, acceptance_walk,
+from ..speculative import (Acceptance, DraftModelDrafter, Pacer, DraftTree, Gates, NgramDrafter, SuffixDrafter, acceptance_walk,
                            check_draft_compatible, select_per_sequence, select_super_tree)
 from .transformer import Transformer
 
@@ -71,6 +71,10 @@ class Speculator:
         self.cost: VerifyCost | None = None
         self.gates = Gates() if policy == "super-tree" else None
         self.stats = SpecStats()
+        self.acceptance = Acceptance()  # the drafts' measured worth: their confidences are scaled by it
+        self._ratio = 1.0  # the scale of this step's trees
+        self.pacer = Pacer()  # speculation paused while it measures slower than plain decoding
+        self._drafted = False  # whether this step's extend ran the drafter
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
 
     # ------------------------------------------------------------------ start-up
@@ -114,10 +118,15 @@ class Speculator:
                     if len(c.tokens) == 1 and c.start >= c.request.n_prompt and c.start == len(c.request.tokens) - 1]
         if not decoding or self.cost is None:
             return
+        if self.pacer.paused():
+            self.stats.plain_steps += 1
+            return
+        self._drafted = True
         t0 = time.perf_counter()
         asks = []
         for c in decoding:
             req = c.request
+            self.acceptance.resolve(req.id, req.tokens)
             room = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1, _MAX_NODES_PER_SEQ)
             asks.append((req.id, req.tokens, max(0, room)))
         if hasattr(self.drafter, "propose_many"):
@@ -126,12 +135,18 @@ class Speculator:
             trees = [self.drafter.propose(*a) for a in asks]
         if self.executor is not None:
             trees = [t.best_chain() for t in trees]
+        proposed = trees
+        self._ratio = self.acceptance.ratio
+        trees = [self.acceptance.scale(t, self._ratio) for t in trees]
         max_rows = max_step_tokens - batch.n_tokens + len(decoding)
         if self.policy == "super-tree":
             trees = select_super_tree(trees, self.cost, self.gates if self.gates.calibrated else None, max_rows)
         else:
             trees = select_per_sequence(trees, self.cost, max_rows)
         trees = self._pays(trees)
+        for c, kept, tree in zip(decoding, trees, proposed):
+            if not len(kept) and len(tree):  # not verified: checked against what plain decoding produces
+                self.acceptance.shadow(c.request.id, c.start, tree.best_chain())
         self.stats.draft_seconds += time.perf_counter() - t0
         if not any(len(t) for t in trees):
             self.stats.plain_steps += 1
@@ -168,6 +183,16 @@ class Speculator:
             keep[s][i] = True
         return [t.subset(k) for t, k in zip(trees, keep)]
 
+    def record_step(self, batch, n_before: list[int], seconds: float) -> None:
+        """After a step of decoding rows only: how long each sequence took per token it
+        gained, speculating or not (``Pacer``)."""
+        drafted, self._drafted = self._drafted, False
+        if any(c.start < c.request.n_prompt for c in batch.chunks):
+            return  # a prompt chunk ran too: not a decode step's time
+        gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
+        if gained > 0:  # a step that drafted is a speculative one, whether or not its drafts were verified
+            self.pacer.record(drafted, seconds * len(batch.chunks) / gained)
+
     def prefilled(self, batch) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,
         so its prompt is prefilled with the target's (before the first token), not at the
@@ -191,6 +216,7 @@ class Speculator:
         st.trees += 1
         st.verified += len(tree)
         st.accepted += len(path)
+        self.acceptance.observe(tree.conf / self._ratio, accepted)
         req.stats.spec_verified += len(tree)
         req.stats.spec_accepted += len(path)
         if self.gates is not None:
@@ -202,6 +228,7 @@ class Speculator:
             req.n_computed = req.seq.n_tokens
 
     def finish(self, req) -> None:
+        self.acceptance.forget(req.id)
         self.drafter.finish(req.id, req.tokens)
 
 

@@ -41,8 +41,16 @@ class VerifyCost:
     slope_s: float
     base_s: float
     decode_s: float
+    curve_rows: tuple = ()  # [n] the measured (or predicted) rows ...
+    curve_s: tuple = ()  # [n] ... and seconds the fit came from: seconds() interpolates them
 
     def seconds(self, rows: int) -> float:
+        """t(rows): the curve interpolated where there is one (a row before the knee is
+        not free), past its end and without one the fitted form."""
+        if self.curve_rows and rows <= self.curve_rows[-1]:
+            return float(np.interp(rows, self.curve_rows, self.curve_s))
+        if self.curve_rows:
+            return float(self.curve_s[-1] + self.slope_s * (rows - self.curve_rows[-1]))
         return self.base_s + self.slope_s * max(0, rows - self.k_max)
 
     @property
@@ -67,7 +75,7 @@ class VerifyCost:
             slope = float(max((x * y).sum() / (x * x).sum(), 0.0))
         else:
             slope = float((sec[-1] - base) / max(rows[-1] - 1, 1))
-        return VerifyCost(k, slope, base, float(decode_s))
+        return VerifyCost(k, slope, base, float(decode_s), tuple(int(r) for r in rows), tuple(float(x) for x in sec))
 
 
 def predict_verify_cost(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates: Rates | None = None,

@@ -1,0 +1,118 @@
+"""How far a drafter's confidences can be trusted, and whether speculating pays at all,
+measured as decoding goes.
+
+A lookup drafter's confidence is a match statistic, not a probability: on free chat the
+n-gram drafter claims 0.3-0.5 for drafts the target accepts a few per cent of the time,
+and spending verification rows on them makes decoding slower than plain.  ``Acceptance``
+keeps the ratio of accepted draft nodes to the confidence claimed for them,
+
+    ratio = sum(accepted) / sum(claimed confidence)   (each sum decayed by DECAY per event)
+
+and scales every proposed node's confidence by it (never up: ratio <= 1), so the budget
+and the pays-for-itself test (engine/speculation.py) see what the drafts are worth now.
+Both verified drafts and drafts that were proposed but not verified count: an unverified
+chain is checked against the tokens plain decoding then produced (``shadow`` /
+``resolve``), so a drafter that fell silent is noticed when its drafts become good again.
+
+``Pacer`` is the last word: it compares the measured seconds per token each sequence
+gains in steps that drafted (verified or not: drafting costs time either way) with those
+of steps that did not, and while
+speculation is the slower it pauses it (no drafting at all) for a number of steps that
+doubles each time it is found slower again, up to ``MAX_PAUSE``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tree import DraftTree
+
+DECAY = 0.9  # weight of the history at each new observation
+PRIOR = 1.0  # claimed and accepted mass at start: ratio 1, trusted until measured
+MIN_RATIO = 0.01
+
+
+class Acceptance:
+    def __init__(self):
+        self.claimed = PRIOR
+        self.accepted = PRIOR
+        self._pending: dict[object, tuple[int, np.ndarray, np.ndarray]] = {}  # key -> (start, tokens, raw conf)
+
+    @property
+    def ratio(self) -> float:
+        return float(min(1.0, max(MIN_RATIO, self.accepted / max(self.claimed, 1e-9))))
+
+    def observe(self, raw_conf: np.ndarray, accepted: np.ndarray) -> None:
+        """Nodes with drafter confidences ``raw_conf`` [n], ``accepted`` [n] bool."""
+        if len(raw_conf):
+            self.claimed = DECAY * self.claimed + float(np.sum(raw_conf))
+            self.accepted = DECAY * self.accepted + float(np.sum(accepted))
+
+    def scale(self, tree: DraftTree, ratio: float) -> DraftTree:
+        return tree if ratio == 1.0 else DraftTree(tree.tokens, tree.parents, tree.conf * ratio)
+
+    def shadow(self, key, start: int, chain: DraftTree) -> None:
+        """Remember a chain proposed after position ``start`` that was not verified."""
+        if len(chain) and key not in self._pending:
+            self._pending[key] = (start, chain.tokens.copy(), chain.conf.copy())
+
+    def resolve(self, key, tokens: list[int]) -> None:
+        """Check ``key``'s unverified chain against its tokens so far, once they decide it:
+        node i was right if tokens[start + 1 + i] is its token and every node before was."""
+        item = self._pending.get(key)
+        if item is None:
+            return
+        start, chain, conf = item
+        known = tokens[start + 1:start + 1 + len(chain)]
+        ok = np.asarray(known, np.int64) == chain[:len(known)]
+        if ok.all() and len(known) < len(chain):
+            return  # all right so far: wait for more tokens
+        accepted = np.zeros(len(chain), bool)
+        accepted[:int(np.argmin(ok)) if not ok.all() else len(chain)] = True
+        self.observe(conf, accepted)
+        del self._pending[key]
+
+    def forget(self, key) -> None:
+        self._pending.pop(key, None)
+
+
+MAX_PAUSE = 64  # plain steps at most between two tries of speculation
+EMA = 0.3  # weight of the newest step in the measured seconds per token
+
+
+class Pacer:
+    def __init__(self):
+        self.spec_s: float | None = None  # seconds per token per sequence, speculative steps
+        self.plain_s: float | None = None  # the same, plain steps
+        self.pause = 0  # plain steps left before speculation is tried again
+        self.next_pause = 4
+        self.tries = 0  # speculative steps since the last pause
+
+    def paused(self) -> bool:
+        """Whether this step decodes plainly (counts the step)."""
+        if self.pause > 0:
+            self.pause -= 1
+            if self.pause == 0:
+                self.tries = 0
+            return True
+        return False
+
+    def record(self, speculative: bool, seconds_per_token: float) -> None:
+        def ema(old, new):
+            return new if old is None else (1 - EMA) * old + EMA * new
+
+        if not speculative:
+            self.plain_s = ema(self.plain_s, seconds_per_token)
+            return
+        self.spec_s = ema(self.spec_s, seconds_per_token)
+        self.tries += 1
+        if self.tries < 3:
+            return  # a few speculative steps before judging them
+        if self.plain_s is None:
+            self.pause = 2  # nothing to judge against yet: time two plain steps
+            return
+        if self.spec_s > self.plain_s:
+            self.pause, self.next_pause = self.next_pause, min(MAX_PAUSE, 2 * self.next_pause)
+            self.spec_s = None  # judged afresh after the pause
+        else:
+            self.next_pause = 4

@@ -14,6 +14,7 @@ from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.speculative import (Acceptance, DraftTree, Pacer, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
                                   select_super_tree)
 
+from llcinfer.speculative.acceptance import IDLE_STEPS
 import naive
 from tiny_models import isolated_runtime, write_tiny_model
 
@@ -240,20 +241,24 @@ def test_pacer_pauses_speculation_while_it_is_slower_than_plain():
     pacer = Pacer()
     for _ in range(3):
         assert not pacer.paused()
-        pacer.record(True, 0.010)
+        pacer.record("verified", 0.010)
     assert [pacer.paused() for _ in range(3)] == [True, True, False]  # no plain figure yet: two plain steps
-    pacer.record(False, 0.008)
-    pacer.record(False, 0.008)
+    pacer.record("plain", 0.008)
+    pacer.record("plain", 0.008)
     for _ in range(3):
-        pacer.record(True, 0.010)  # slower than plain's 8 ms
-    pauses = [pacer.paused() for _ in range(5)]
-    assert pauses == [True] * 4 + [False]
+        pacer.record("verified", 0.010)  # slower than plain's 8 ms
+    assert [pacer.paused() for _ in range(5)] == [True] * 4 + [False]
     for _ in range(3):
-        pacer.record(True, 0.011)
+        pacer.record("verified", 0.011)
     assert sum(pacer.paused() for _ in range(20)) == 8  # found slower again: twice the pause
     for _ in range(6):
-        pacer.record(True, 0.004)  # now faster: speculation goes on
+        pacer.record("verified", 0.004)  # now faster: speculation goes on
     assert not pacer.paused()
+    for _ in range(IDLE_STEPS - 1):  # drafts that never pay for a row: drafting stops after a while
+        pacer.record("drafted", 0.005)
+        assert not pacer.paused()
+    pacer.record("drafted", 0.005)
+    assert pacer.paused()
 
 
 def test_ngram_and_suffix_drafters_propose_seen_continuations():

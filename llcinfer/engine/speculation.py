@@ -190,8 +190,9 @@ class Speculator:
         if any(c.start < c.request.n_prompt for c in batch.chunks):
             return  # a prompt chunk ran too: not a decode step's time
         gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
-        if gained > 0:  # a step that drafted is a speculative one, whether or not its drafts were verified
-            self.pacer.record(drafted, seconds * len(batch.chunks) / gained)
+        if gained > 0:
+            kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
+            self.pacer.record(kind, seconds * len(batch.chunks) / gained)
 
     def prefilled(self, batch) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,

@@ -15,10 +15,10 @@ chain is checked against the tokens plain decoding then produced (``shadow`` /
 ``resolve``), so a drafter that fell silent is noticed when its drafts become good again.
 
 ``Pacer`` is the last word: it compares the measured seconds per token each sequence
-gains in steps that drafted (verified or not: drafting costs time either way) with those
-of steps that did not, and while
-speculation is the slower it pauses it (no drafting at all) for a number of steps that
-doubles each time it is found slower again, up to ``MAX_PAUSE``.
+gains in steps that verified drafts (drafting included) with those of steps that did
+not, and while speculation is the slower, or while ``IDLE_STEPS`` drafted steps in a row
+found nothing worth verifying, it pauses drafting for a number of steps that doubles
+each time, up to ``MAX_PAUSE``.
 """
 
 from __future__ import annotations
@@ -78,18 +78,23 @@ class Acceptance:
 
 MAX_PAUSE = 64  # plain steps at most between two tries of speculation
 EMA = 0.3  # weight of the newest step in the measured seconds per token
+IDLE_STEPS = 8  # drafted steps in a row with nothing worth verifying before drafting pauses
 
 
 class Pacer:
+    """Step kinds: "verified" (drafts verified), "drafted" (drafting ran, nothing paid for
+    its row), "plain" (no drafting)."""
+
     def __init__(self):
-        self.spec_s: float | None = None  # seconds per token per sequence, speculative steps
-        self.plain_s: float | None = None  # the same, plain steps
-        self.pause = 0  # plain steps left before speculation is tried again
+        self.spec_s: float | None = None  # seconds per token per sequence, verified steps
+        self.plain_s: float | None = None  # the same, steps that verified nothing
+        self.pause = 0  # plain steps left before drafting again
         self.next_pause = 4
-        self.tries = 0  # speculative steps since the last pause
+        self.tries = 0  # verified steps since the last pause
+        self.idle = 0  # drafted steps in a row that verified nothing
 
     def paused(self) -> bool:
-        """Whether this step decodes plainly (counts the step)."""
+        """Whether this step decodes plainly without drafting (counts the step)."""
         if self.pause > 0:
             self.pause -= 1
             if self.pause == 0:
@@ -97,22 +102,33 @@ class Pacer:
             return True
         return False
 
-    def record(self, speculative: bool, seconds_per_token: float) -> None:
+    def _pause(self, steps: int | None = None) -> None:
+        self.pause = self.next_pause if steps is None else steps
+        if steps is None:
+            self.next_pause = min(MAX_PAUSE, 2 * self.next_pause)
+
+    def record(self, kind: str, seconds_per_token: float) -> None:
         def ema(old, new):
             return new if old is None else (1 - EMA) * old + EMA * new
 
-        if not speculative:
+        if kind != "verified":
             self.plain_s = ema(self.plain_s, seconds_per_token)
+            if kind == "drafted":
+                self.idle += 1
+                if self.idle >= IDLE_STEPS:  # drafting costs time and nothing pays: stop for a while
+                    self.idle = 0
+                    self._pause()
             return
+        self.idle = 0
         self.spec_s = ema(self.spec_s, seconds_per_token)
         self.tries += 1
         if self.tries < 3:
-            return  # a few speculative steps before judging them
+            return  # a few verified steps before judging them
         if self.plain_s is None:
-            self.pause = 2  # nothing to judge against yet: time two plain steps
+            self._pause(2)  # nothing to judge against yet: time two plain steps
             return
         if self.spec_s > self.plain_s:
-            self.pause, self.next_pause = self.next_pause, min(MAX_PAUSE, 2 * self.next_pause)
+            self._pause()
             self.spec_s = None  # judged afresh after the pause
         else:
             self.next_pause = 4

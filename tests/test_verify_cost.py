@@ -60,7 +60,7 @@ def test_cli_plan_shows_the_verification_budget(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plan", "-m", smol, "--ctx", "1024", "--topology", "epyc-9684x", "--json"])
     d = json.loads(capsys.readouterr().out)["verify"]
-    assert exc.value.code == 0 and set(d) == {"k_max", "slope_s", "base_s", "decode_s"} and d["k_max"] >= 1
+    assert exc.value.code == 0 and set(d) == {"k_max", "slope_s", "base_s", "decode_s", "curve_rows", "curve_s"} and d["k_max"] >= 1
 
 
 def test_measuring_a_verification_leaves_the_sequences_as_they_were(tmp_path):

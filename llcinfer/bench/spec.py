@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from ..api import LLM
+from ..engine.speculation import build_speculator
 from ..errors import UsageError
 from ..jit import child_env
 from ..model import catalog
@@ -138,6 +139,10 @@ def run_spec_bench(model: str, specs: list[str], workloads: list[str], n: int, t
     probe = LLM(model, threads=threads, n_ctx=SPEC_CTX, progress=False)
     try:
         texts = {wl: probe.apply_chat_template([{"role": "user", "content": WORKLOADS[wl]}]) for wl in workloads}
+        vocab = list(probe.gguf.metadata.get("tokenizer.ggml.tokens", []))
+        for spec in specs:  # a draft that cannot draft for this model fails here, before any run
+            if spec.startswith("draft:"):
+                build_speculator(spec, probe.model, vocab, SPEC_CTX, 1, progress=False)
     finally:
         probe.close()
     results: dict[tuple, list[dict]] = {}

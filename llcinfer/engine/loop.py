@@ -165,9 +165,11 @@ class Engine:
                 self.speculator.stats.verifications += 1
                 self.speculator.stats.verify_seconds += time.perf_counter() - now
             self.speculator.prefilled(batch)
-        n_before = [len(c.request.tokens) for c in batch.chunks]
-        self._post_process(batch, logits)
-        if self.speculator is not None:
+        if self.speculator is None:
+            self._post_process(batch, logits)
+        else:
+            n_before = [len(c.request.tokens) for c in batch.chunks]
+            self._post_process(batch, logits)
             self.speculator.record_step(batch, n_before, time.perf_counter() - t_start)
         self.n_steps += 1
         return True

@@ -74,8 +74,8 @@ class LLM:
             the first tokens, the last 256 and the ``sparse_top_k`` tokens (whole 16-token
             blocks) a low-rank indexer of the model's own keys scores highest; the first two
             layers stay dense.  The indexer is calibrated on first use (seconds, once per
-            model, cached beside the repacked weights).  Decode runs on the batched path.
-            Not with ``speculative``.
+            model, cached beside the repacked weights).  Decode steps run it on the
+            executor.  Not with ``speculative``.
         sparse_top_k: tokens the indexer picks (default 1024).
     """
 

@@ -18,8 +18,9 @@ block score, top-k, rank, layer policy) picks its blocks through the real kernel
 
 tpot: the context is filled once (dense attention, index keys written), over several runs
 if --fill-budget stops it (--state keeps the pool); then decode steps alternate dense and
-sparse on the same sequence (A B A B, both on the batched forward pass, one token each)
-and the medians are compared; then --probes rows report the mass and recall of the
+sparse on the same sequence (A B A B, one token each, on the decode executor as LLM runs
+them: a dense executor and a sparse one sharing the workers) and the medians are
+compared (the dense steps write no index keys: their tokens stay in the window); then --probes rows report the mass and recall of the
 selection at the run's top_k.  2 threads by default.
 """
 
@@ -41,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llcinfer import jit  # noqa: E402
 from llcinfer.engine.sparse_setup import model_basis  # noqa: E402
 from llcinfer.engine.transformer import Transformer  # noqa: E402
+from llcinfer.executor import DecodeExecutor, default_domains  # noqa: E402
+from llcinfer.weights.repack_cache import wait_loaded  # noqa: E402
 from llcinfer.errors import LLCInferError  # noqa: E402
 from llcinfer.kv import PagedSequence  # noqa: E402
 from llcinfer.model import catalog  # noqa: E402
@@ -218,14 +221,24 @@ def tpot(a) -> dict:
     if seq.n_tokens < a.depth:
         raise SystemExit(f"fill not done: run again with --state {state}" if state else "fill not done")
     times = {"dense": [], "sparse": []}
+    tm.sparse = None
+    wait_loaded()  # the steady state: weights on 2 MiB pages
+    ex = {"dense": DecodeExecutor(tm, default_domains(a.threads))}
+    tm.sparse = sp
+    ex["sparse"] = DecodeExecutor(tm, default_domains(a.threads), workers=ex["dense"].workers)
+    fill_stats = sp.totals()
     for i in range(a.n):
         kind = ("dense", "sparse")[i % 2]
-        tm.sparse = dense_view if kind == "dense" else sp
+        tm.sparse = sp if kind == "sparse" else None
         t = time.perf_counter()
-        tm.forward_chunks([(seq, [toks[a.depth + i]])])
+        ex[kind].step([seq], [toks[a.depth + i]])
         times[kind].append(time.perf_counter() - t)
+    ex["sparse"].close()
+    ex["dense"].close()
+    tm.sparse = sp
     med = {k: statistics.median(v[1:]) * 1e3 for k, v in times.items()}  # first of each: warm-up
-    frac = sp.stats.keys_attended / max(1, sp.stats.keys_total)
+    run = sp.totals()
+    frac = (run.keys_attended - fill_stats.keys_attended) / max(1, run.keys_total - fill_stats.keys_total)
     st = sp.kv_stats()
     print(f"{a.model} d{a.depth} threads {a.threads}: TPOT dense {med['dense']:.2f} ms, "
           f"sparse {med['sparse']:.2f} ms ({med['sparse'] / med['dense']:.2f}x); keys attended {frac:.3f}; "

@@ -231,7 +231,7 @@ def test_index_cache_follows_fork_truncate_cow_and_prefix_sharing(tiny):
 
 
 def test_llm_sparse_surface(tiny):
-    """LLM(sparse=True): the basis is calibrated once and cached, decode rows leave the
+    """LLM(sparse=True): the basis is calibrated once and cached, decode rows stay on the
     executor, kv_stats reports the index cache; below the threshold output equals dense."""
     from llcinfer import LLM
     from llcinfer.errors import UsageError
@@ -243,7 +243,7 @@ def test_llm_sparse_surface(tiny):
         LLM(str(path), threads=1, sparse=True, sparse_top_k=0)
     dense = LLM(str(path), threads=1, n_ctx=128).generate("hello the world", max_tokens=6, temperature=0)
     llm = LLM(str(path), threads=1, n_ctx=128, sparse=True, sparse_top_k=64)
-    assert llm.executor_note == "sparse attention runs on the batched path"
+    assert llm.executor_note is None and llm.engine.runner.executor.sparse is llm.engine.sparse
     assert llm.engine.sparse.config.top_k == 64 and llm.engine.sparse.kinds == ["dense", "dense", "full"]
     out = llm.generate("hello the world", max_tokens=6, temperature=0)
     assert out == dense  # every row under the 4096-key threshold: dense

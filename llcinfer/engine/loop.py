@@ -41,8 +41,8 @@ class Engine:
     committed KV memory (None: available RAM less the model and a margin); ``domains``
     the executor's cores (None: every row on the batched forward pass); ``speculator``
     drafts and verifies token trees for decoding requests (engine/speculation.py);
-    ``sparse``: sparse attention for long contexts (engine/sparse_setup.py; its decode rows
-    skip the executor).  The two do not combine (api.py refuses it)."""
+    ``sparse``: sparse attention for long contexts (engine/sparse_setup.py; the executor
+    runs it too).  The two do not combine (api.py refuses it)."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int, step_tokens: int = DEFAULT_STEP_TOKENS,
                  kv_type: str | None = None, n_seq: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,

@@ -45,8 +45,6 @@ class ModelRunner:
             return "no executor domains given"
         if not settings.executor_enabled():
             return "disabled by LLCINFER_EXECUTOR=0"
-        if getattr(self.model, "sparse", None) is not None:
-            return "sparse attention runs on the batched path"
         if kv_kind == KV_INT8:
             return "int8 KV cache runs on the batched path"
         return unsupported_reason(self.model)

@@ -20,6 +20,7 @@ from ..hw.machine import detect_topology
 from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
 from ..kernels.paged_attention import split_count
 from ..kernels.simd import lanes, make_tag
+from ..kernels.sparse_index import COUNT_FIELDS, SP_FIELDS
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
 from .program import Program, Shapes, Tiles, build_program
@@ -101,7 +102,10 @@ class DecodeExecutor:
 
         masks = [(mask(lw.wq, lw.wk, lw.wv), mask(lw.wo), mask(lw.w_gate, lw.w_up), mask(lw.w_down)) for lw in w.layers]
         masks.append(mask(w.output))
-        self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks))
+        # sparse attention (sparse/attention.py) on the pool it was enabled for, or None
+        self.sparse = getattr(model, "sparse", None)
+        self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks),
+                             tuple(self.sparse.kinds) if self.sparse is not None else ())
         self.attn_norm = np.stack([lw.attn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
         self.ffn_norm = np.stack([lw.ffn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
         if workers is not None and workers.n != len(domains.cores):
@@ -121,6 +125,9 @@ class DecodeExecutor:
         self.profile = None  # {program key: (program, [workers, n_ops + 1, 2] cycles)} while profiling (start_profile)
         self._embed = self._make_embed()
         self._no_profile = np.zeros((0, 0, 2), np.int64)
+        self.sparse_counts = np.zeros((self.workers.n, c.n_layer, COUNT_FIELDS), np.int64)  # [worker, L, COUNT_*]
+        if self.sparse is not None:
+            self.sparse.count_into(self.sparse_counts)
 
     def _make_embed(self):
         """embed(ids, x, pos, rope_cs, counters): x = the embedding rows of ids, and the
@@ -216,11 +223,30 @@ class DecodeExecutor:
                 attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, out_norm=m.weights.output_norm,
                 eps=np.float32(c.rms_eps), bq=m.bq, bk=m.bk, bv=m.bv, has_bias=m.has_bias,
                 neox=c.rope_neox, round_q=True, lut=F16_TO_F32, pos=pos, seq=seq_idx, tables=tables,
-                split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof))
+                split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof,
+                **self._sparse_args(M, cap, pool)))
             job = dict(args=args, prog=prog, buffers=b, pos=pos, seq=seq_idx, tables=tables, pool=pool, prof=prof,
                        ids=np.zeros(M, np.int64))  # ids: [M] this step's tokens
             self._jobs[key] = job
         return job
+
+    def _sparse_args(self, M: int, cap: int, pool) -> dict:
+        """The step's sparse-attention arguments (step_args.py), placeholders without it."""
+        c, sp, f32 = self.config, self.sparse, np.float32
+        if sp is None:
+            return dict(sp_idx=np.zeros((1, 1, 1, 1, 1, 4), np.uint8), sp_isc=np.zeros((1, 1, 1, 1), f32),
+                        sp_basis=np.zeros((1, 1, 4, 1), f32), sp_hbasis=np.zeros((1, 1, 4, 1), f32),
+                        sp_w=np.zeros(1, f32), sp_slot=np.full(c.n_layer, -1, np.int64),
+                        sp_conf=sp_conf_placeholder(), sel_tables=np.zeros((1, 1), np.int32),
+                        sel_n=np.zeros(1, np.int64), sp_scores=np.zeros((1, 1), f32), sp_counts=self.sparse_counts)
+        if pool is not sp.pool:
+            raise ValueError("executor step: sparse attention follows another KV pool than this step's")
+        return dict(sp_idx=sp.index.idx, sp_isc=sp.index.isc, sp_basis=sp.basis, sp_hbasis=sp.head_basis,
+                    sp_w=sp.weights, sp_slot=sp.index.slot_of, sp_conf=sp.kernel_conf(),
+                    sel_tables=np.zeros((M, cap), np.int32),  # [M, blocks] each row's gathered table
+                    sel_n=np.zeros(M, np.int64),  # [M] keys it holds
+                    sp_scores=np.zeros((self.workers.n, pool.n_blocks), f32),  # [worker, blocks] block scores
+                    sp_counts=self.sparse_counts)
 
     def step(self, seqs: list, tokens) -> np.ndarray:
         """One token for each sequence; returns logits  # [M, vocab] (a copy).
@@ -254,6 +280,8 @@ class DecodeExecutor:
             raise ValueError("executor step: every sequence must live in one KV pool")
         if pool.kind == KV_INT8:
             raise UnsupportedModelError("executor: int8 KV cache runs on the batched path")
+        if getattr(self.model, "sparse", None) is not self.sparse:
+            raise ValueError("executor step: the model's sparse attention changed after this executor was built")
         for s, t in zip(seqs, lists):
             s.prepare(t)
         nb = max(s.n_blocks for s in seqs)
@@ -292,6 +320,13 @@ class DecodeExecutor:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def sp_conf_placeholder() -> np.ndarray:
+    """A selection rule no row meets (without sparse attention no layer reads it)."""
+    conf = np.zeros(SP_FIELDS, np.int64)  # [SP_FIELDS]
+    conf[:] = 1 << 62
+    return conf
 
 
 def _token_ids(tokens, vocab_size: int) -> list[int]:

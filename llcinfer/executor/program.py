@@ -7,7 +7,14 @@ each worker's order; the counters are numbered here, once per (M, splits) shape.
 Worker order (a software pipeline over micro-batches u, layers l):
     weight domain:     QKV(0,u) for every u;  then per l, per u:  WO GATE_UP DOWN (l,u), QKV(l+1,u)
                        and LM_HEAD(u) at the end
-    attention domain:  ROPE ATTN [MERGE] (l,u)  in layer order
+    attention domain:  ROPE [SELECT] ATTN [MERGE] (l,u)  in layer order
+
+Sparse attention (Shapes.sparse, the layer kinds of sparse/attention.py): a "full" layer's
+ROPE also writes the rows' index keys, and its SELECT (one tile per row, after every
+head's ROPE) writes the row's gathered block table; its ATTN tiles wait for their row's
+selection.  The ATTN of a "full" or "shared" layer reads the rows' gathered tables (F_SEL),
+a shared layer the last full layer's, which no later SELECT overwrites before this ATTN
+is done (the next full layer's QKV waits for this layer's DOWN).
 With one shared domain every worker runs both lists merged in dependency order, so a
 worker that finds no projection tile left moves on to the heads that are ready.
 """
@@ -21,10 +28,11 @@ import numpy as np
 from ..model.architectures.base import ModelConfig
 from .tiles import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2, F_NPART,
                     F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
-                    QKV, ROPE, WO)
+                    QKV, ROPE, SELECT, WO)
 
-EXTRA_FIELDS = 2  # F_M0, F_M1: the micro-batch's rows [m0, m1)
-F_M0, F_M1 = N_FIELDS, N_FIELDS + 1
+EXTRA_FIELDS = 3  # F_M0, F_M1: the micro-batch's rows [m0, m1); F_SEL (ATTN): which block table
+F_M0, F_M1, F_SEL = N_FIELDS, N_FIELDS + 1, N_FIELDS + 2
+SEL_OWN, SEL_WAIT, SEL_SHARED = 0, 1, 2  # F_SEL: the row's own table; its selection (wait for it); the last one
 
 
 @dataclass(frozen=True)
@@ -36,11 +44,12 @@ class Shapes:
     lanes: int
     mat_ids: tuple  # per layer (wq, wk, wv, wo, w_gate, w_up, w_down), then (lm_head,) at the end
     kmask: tuple  # per layer (qkv, wo, gate_up, down) activation-kind masks, then lm_head's
+    sparse: tuple = ()  # per layer "dense" | "full" | "shared" (sparse attention), or () for none
 
 
 @dataclass
 class Program:
-    ops: np.ndarray  # [n_ops, N_FIELDS + 2] int64
+    ops: np.ndarray  # [n_ops, N_FIELDS + EXTRA_FIELDS] int64
     order: np.ndarray  # [workers, max_ops] int64, -1 padded
     n_counters: int
     n_splits: int
@@ -89,9 +98,9 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
     attn_part = (min(attn_workers), len(attn_workers)) if attn_workers else weight_part
 
     def op(kind, layer, n_tiles, tile, wait=-1, target=0, done=-1, twait=-1, ttarget=0, mats=(-1, -1, -1), kmask=0,
-           mb=(0, 0)) -> int:
+           mb=(0, 0), sel=0) -> int:
         r = [0] * (N_FIELDS + EXTRA_FIELDS)
-        base, n_part = attn_part if kind in (ROPE, ATTN, MERGE) else weight_part
+        base, n_part = attn_part if kind in (ROPE, SELECT, ATTN, MERGE) else weight_part
         r[F_KIND], r[F_LAYER], r[F_NTILES], r[F_TILE] = kind, layer, n_tiles, tile
         # a claim counter per region of the tiles (step_kernel.next_tile)
         r[F_WAIT], r[F_TARGET], r[F_CLAIM], r[F_DONE] = wait, target, counters(n_part), done
@@ -99,7 +108,7 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
         r[F_TWAIT], r[F_TTARGET] = twait, ttarget
         r[F_MAT0], r[F_MAT1], r[F_MAT2] = mats
         r[F_KMASK], r[F_LANES] = kmask, s.lanes
-        r[F_M0], r[F_M1] = mb
+        r[F_M0], r[F_M1], r[F_SEL] = mb[0], mb[1], sel
         rows.append(r)
         return len(rows) - 1
 
@@ -121,9 +130,15 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
             prev = down_done.get((layer - 1, u), (-1, 0))
             qkv_ops[layer, u] = [op(QKV, layer, KVH * (G + 2), s.lanes, prev[0], prev[1], head_ready,
                                     mats=(wq, wk, wv), kmask=km_qkv, mb=(m0, m1))]
-            a = [op(ROPE, layer, KVH, 1, done=rope_done, twait=head_ready, ttarget=G + 2, mb=(m0, m1)),
-                 op(ATTN, layer, Mu * KVH * n_splits, n_splits, done=attn_done if n_splits == 1 else parts_done,
-                    twait=rope_done, ttarget=1, mb=(m0, m1))]
+            kind = s.sparse[layer] if s.sparse else "dense"
+            a = [op(ROPE, layer, KVH, 1, done=rope_done, twait=head_ready, ttarget=G + 2, mb=(m0, m1))]
+            attn_wait, sel = rope_done, {"dense": SEL_OWN, "shared": SEL_SHARED}.get(kind, SEL_WAIT)
+            if kind == "full":  # a tile per row, after every head's ROPE; ATTN waits for its row's
+                attn_wait = counters(Mu)
+                a.append(op(SELECT, layer, Mu, 1, done=attn_wait, twait=rope_done, ttarget=1, mb=(m0, m1)))
+                waits += Mu * KVH
+            a.append(op(ATTN, layer, Mu * KVH * n_splits, n_splits, done=attn_done if n_splits == 1 else parts_done,
+                        twait=attn_wait, ttarget=1, mb=(m0, m1), sel=sel))
             if n_splits > 1:
                 a.append(op(MERGE, layer, Mu * KVH, n_splits, parts_done, Mu * KVH * n_splits, attn_done, mb=(m0, m1)))
             attn_ops[layer, u] = a

@@ -9,7 +9,7 @@ import inspect
 
 STEP_FIELDS = (
     # program (program.py)
-    ("ops", "[n_ops, N_FIELDS + 2] int64 operator table"),
+    ("ops", "[n_ops, N_FIELDS + EXTRA_FIELDS] int64 operator table"),
     ("order", "[workers, max_ops] int64 operator ids per worker, -1 padded"),
     ("counters", "[n_counters * COUNTER_STRIDE] int64 dependency counters"),
     # weights
@@ -60,6 +60,18 @@ STEP_FIELDS = (
     ("pmax", "[M * KVH * S, G] f32 partial softmax max"),
     ("psum", "[M * KVH * S, G] f32 partial softmax sum"),
     ("pacc", "[M * KVH * S, G, D] f32 partial outputs"),
+    # sparse attention (sparse/attention.py; one-element placeholders without it)
+    ("sp_idx", "[full layer, pool block, KVH, r/4, token, 4] uint8 index keys (sparse/index_cache.py)"),
+    ("sp_isc", "[full layer, pool block, KVH, token] f32 their scales"),
+    ("sp_basis", "[L, KVH, r, D] f32 index-key basis"),
+    ("sp_hbasis", "[L, H, r, D] f32 each query head's KV head basis"),
+    ("sp_w", "[H] f32 head weights"),
+    ("sp_slot", "[L] int64 each layer's full-layer slot, -1: it writes no index keys"),
+    ("sp_conf", "[SP_FIELDS] int64 the selection rule (kernels/sparse_index.row_selection)"),
+    ("sel_tables", "[M, blocks] int32 each row's gathered block table (SELECT)"),
+    ("sel_n", "[M] int64 keys of each row's gathered table"),
+    ("sp_scores", "[workers, pool blocks] f32 each worker's block scores"),
+    ("sp_counts", "[workers, L, COUNT_FIELDS] int64 sparse rows, keys attended, keys total, selections"),
     ("prof", "[workers, n_ops + 1, 2] int64 cycles waiting / working per operator (shape[0] 0: off)"),
 )
 NAMES = tuple(name for name, _ in STEP_FIELDS)

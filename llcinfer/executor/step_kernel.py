@@ -12,7 +12,10 @@ quantization, or quantization only), so no hand-off is needed for it.
 Per layer, with G = H / KVH query heads per KV head:
     QKV      tiles: per KV group j, [k_j, v_j, q_{jG} .. q_{jG+G-1}]   -> head_ready[j]
     ROPE     tile j waits head_ready[j] == G + 2; bias, rope, KV append  -> rope_done[j]
-    ATTN     tile (m, j, s) waits rope_done[j]; row m's part s (row_part; S = 1:
+    SELECT   (sparse "full" layers) tile m waits rope_done[j] for every j; row m's
+             gathered block table (row_selection) and its keys        -> sel_done[m]
+    ATTN     tile (m, j, s) waits rope_done[j] (sel_done[m]); row m's part s over its
+             own table or its gathered one (F_SEL) (row_part; S = 1:
              merged at once into attn)                                   -> attn_done
              (S > 1: partial results)                                    -> parts_done
     MERGE    (S > 1) waits parts_done == M*KVH*S; tile (m, j)            -> attn_done
@@ -34,19 +37,23 @@ from ..jit import kernel
 from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import merge_partials, row_part
 from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
+from ..kernels.sparse_index import (COUNT_ATTENDED, COUNT_ROWS, COUNT_SELECTIONS, COUNT_TOTAL, SP_MIN_CONTEXT,
+                                    row_selection, store_index_key)
 from ..kernels.simd import addr, vlanes, vtag
 from .step_args import check_signature
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter
+from .program import F_SEL, SEL_OWN, SEL_WAIT
 from .tiles import (ABORT, ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
                     F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, FAIL, GATE_UP, LM_HEAD,
-                    MERGE, N_FIELDS, QKV, ROPE, WO, _matmul_rows, _views, _warm_region, next_tile, signal, wait_for)
+                    MERGE, N_FIELDS, QKV, ROPE, SELECT, WO, _matmul_rows, _views, _warm_region, next_tile, signal, wait_for)
 
 
 @kernel
 def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spriv, qb, kb, vb, attn, gate, up, act,
                ytmp, logits, attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias, rope_cs, neox, round_q, lut,
                pos, seq, tables, split_threads, pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale, pmax, psum,
-               pacc, prof):
+               pacc, sp_idx, sp_isc, sp_basis, sp_hbasis, sp_w, sp_slot, sp_conf, sel_tables, sel_n, sp_scores,
+               sp_counts, prof):
     """Run worker ``wid``'s operators for one step; returns 0, or the abort code.  The
     arguments, their shapes and meaning: step_args.STEP_FIELDS.
 
@@ -65,6 +72,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
     vt = vtag(tag)
     # rope + KV append on vectors (f16 pool, D a multiple of 2W); else the scalar loops
     rope_fast = kv_kind == KV_F16 and rope_simd_ok(D, vlanes(vt)) and rope_cs.shape[1] * 2 == D
+    sp_y = np.empty(sp_basis.shape[2], np.float32)  # [r] one index key before rounding
     xin = np.zeros((2, 3), np.int64)  # [activation kind, 3] addresses of this worker's int8 input (_views)
     cur0, cur1 = 0, x.shape[0]  # rows of the current views (all rows: one micro-batch)
     xu, qu, ku, vu, au = x, qb, kb, vb, attn
@@ -86,7 +94,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
             return atomic_load(counters, ABORT)
         c1 = cycle_counter() if profiling else 0
         m0 = ops[o, N_FIELDS]
-        m1 = ops[o, N_FIELDS + 1]
+        m1 = ops[o, N_FIELDS + 1]  # F_M0, F_M1
         M = m1 - m0
         if m0 != cur0 or m1 != cur1:  # another micro-batch: views of its rows (each view is reference counted)
             xu, qu, ku, vu, au = x[m0:m1], qb[m0:m1], kb[m0:m1], vb[m0:m1], attn[m0:m1]
@@ -141,18 +149,47 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                 else:
                     rope_append(qu, ku, vu, bq[layer], bk[layer], bv[layer], has_bias, t, G, D, posu, sequ,
                                 rope_cs[m0:m1], neox, round_q, pool, kv_kind, tables, layer, KVH, bs)
+                if sp_slot[layer] >= 0:  # index keys of the rotated K, head t (a sparse "full" layer)
+                    for mm in range(M):
+                        p = posu[mm]
+                        store_index_key(ku[mm], t, sp_basis[layer], tables[sequ[mm], p // bs], p % bs, sp_slot[layer],
+                                        sp_idx, sp_isc, sp_y)
+                signal(counters, ops[o, F_DONE] + t)
+            elif kind == SELECT:
+                w0 = cycle_counter() if profiling else 0
+                for j in range(KVH):  # the scores sum over every query head
+                    if not wait_for(counters, ops[o, F_TWAIT] + j, ops[o, F_TTARGET]):
+                        return atomic_load(counters, ABORT)
+                if profiling:
+                    tile_wait += cycle_counter() - w0
+                m = m0 + t
+                n_keys = pos[m] + 1
+                sel_n[m] = row_selection(qb[m].reshape((H, D)), sp_hbasis[layer], scale, sp_idx, sp_isc, sp_slot[layer],
+                                         tables[seq[m]], n_keys, bs, sp_conf, sp_w, sp_scores[wid], sel_tables[m], tag)
+                if sel_n[m] < n_keys:
+                    sp_counts[wid, layer, COUNT_SELECTIONS] += 1
                 signal(counters, ops[o, F_DONE] + t)
             elif kind == ATTN:
                 S = ops[o, F_TILE]
                 m = m0 + t // (KVH * S)
                 j = (t // S) % KVH
+                sel = ops[o, F_SEL]
                 w0 = cycle_counter() if profiling else 0
-                if not wait_for(counters, ops[o, F_TWAIT] + j, ops[o, F_TTARGET]):
+                if not wait_for(counters, ops[o, F_TWAIT] + (m - m0 if sel == SEL_WAIT else j), ops[o, F_TTARGET]):
                     return atomic_load(counters, ABORT)
                 if profiling:
                     tile_wait += cycle_counter() - w0
+                n_keys = pos[m] + 1
+                if sel == SEL_OWN:
+                    table, n_att = tables[seq[m]], n_keys
+                else:  # a sparse layer: the row's gathered table
+                    table, n_att = sel_tables[m], sel_n[m]
+                    if j == 0 and t % S == 0 and n_keys >= sp_conf[SP_MIN_CONTEXT]:
+                        sp_counts[wid, layer, COUNT_ROWS] += 1
+                        sp_counts[wid, layer, COUNT_ATTENDED] += n_att
+                        sp_counts[wid, layer, COUNT_TOTAL] += n_keys
                 row_part(qb.reshape((qb.shape[0], H, D)), m, j, t % S, S, pool, pool_f32, lut, kv_kind, kv_group,
-                         kv_scale_off, tables[seq[m]], layer, KVH, bs, pos[m] + 1, scale, split_threads, pmax, psum,
+                         kv_scale_off, table, layer, KVH, bs, n_att, scale, split_threads, pmax, psum,
                          pacc, tag)  # this row's own parts: the same bits whatever rows run beside it
                 if S == 1:
                     merge_partials(pmax, psum, pacc, m, j, 1, KVH, attn)

@@ -43,6 +43,12 @@ _NEG = np.float32(-3.0e38)
 # a pair on Zen 4, so 6144 pairs take ~60 us, about a parallel region's launch
 PARALLEL_WORK = 6144
 PAD_LANES = 16  # the index arrays' padding: a vector of up to 16 lanes read at the last token
+# fields of the int64 config row_selection reads (SparseAttention.kernel_conf)
+SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG = range(6)
+SP_FIELDS = 6
+# fields of the per-layer counts the executor keeps of its sparse rows (SparseAttention.count_into)
+COUNT_ROWS, COUNT_ATTENDED, COUNT_TOTAL, COUNT_SELECTIONS = range(4)
+COUNT_FIELDS = 4
 
 
 @kernel
@@ -51,28 +57,32 @@ def store_index_rows(k, basis, pos, seq, tables, bs, slot, idx, isc):
 
     k  # [M, KVH*D] f32 rotated keys;  basis  # [KVH, r, D] f32 (this layer's);
     pos, seq  # [M] slot and sequence of each row;  tables  # [n_seq, blocks] int32."""
-    M = k.shape[0]
-    KVH, r, D = basis.shape
-    y = np.empty(r, np.float32)  # [r] the projected key of one (row, head)
-    for m in range(M):
+    y = np.empty(basis.shape[1], np.float32)  # [r] the projected key of one (row, head)
+    for m in range(k.shape[0]):
         p = pos[m]
-        blk = tables[seq[m], p // bs]
-        j = p % bs
-        for h in range(KVH):
-            amax = np.float32(0.0)
-            for i in range(r):
-                acc = np.float32(0.0)
-                for d in range(D):
-                    acc += basis[h, i, d] * k[m, h * D + d]
-                y[i] = acc
-                amax = max(amax, abs(acc))
-            s = amax / np.float32(127.0)
-            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
-            isc[slot, blk, h, j] = s
-            for i in range(r):
-                v = y[i] * inv
-                iv = np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)
-                idx[slot, blk, h, i // 4, j, i % 4] = np.uint8(min(127, max(-127, iv)) + 128)
+        for h in range(basis.shape[0]):
+            store_index_key(k[m], h, basis, tables[seq[m], p // bs], p % bs, slot, idx, isc, y)
+
+
+@kernel
+def store_index_key(k_row, h, basis, blk, j, slot, idx, isc, y):
+    """The index key of KV head h of one token (k_row  # [KVH*D] f32 rotated) into token j
+    of pool block ``blk``, full-layer ``slot``;  y  # [r] f32 scratch."""
+    r, D = basis.shape[1], basis.shape[2]
+    amax = np.float32(0.0)
+    for i in range(r):
+        acc = np.float32(0.0)
+        for d in range(D):
+            acc += basis[h, i, d] * k_row[h * D + d]
+        y[i] = acc
+        amax = max(amax, abs(acc))
+    s = amax / np.float32(127.0)
+    inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+    isc[slot, blk, h, j] = s
+    for i in range(r):
+        v = y[i] * inv
+        iv = np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)
+        idx[slot, blk, h, i // 4, j, i % 4] = np.uint8(min(127, max(-127, iv)) + 128)
 
 
 @inline_kernel
@@ -208,6 +218,32 @@ def quantize_query(q, hbasis, scale, qw, qsc, qcorr):
             qcorr[hh, i // 4] -= 128 * iv
 
 
+@kernel
+def _query_and_kept_max(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, n_sink, n_win, qw, qsc, qcorr,
+                        hmax, tag):
+    """The quantized query (qw, qsc, qcorr) and, for phi exp, the kept tokens' max (hmax)."""
+    quantize_query(q, hbasis, scale, qw, qsc, qcorr)
+    if phi == PHI_EXP:
+        _kept_max(idx, isc, qw, qsc, qcorr, slot, table, n_keys, bs, hbasis.shape[0] // idx.shape[2], n_sink, n_win,
+                  hmax, tag)
+
+
+@kernel
+def _gather_top(scores, table, nb, n_sink, n_win, k_blocks, out):
+    """out = [sink blocks, the k_blocks best candidates (position order), window blocks]
+    of ``table``; returns its length."""
+    n_cand = nb - n_sink - n_win
+    chosen = np.empty(min(k_blocks, n_cand), np.int32)  # [K] candidate indices, ascending
+    n_ch = top_blocks(scores[:n_cand], k_blocks, chosen)
+    for i in range(n_sink):
+        out[i] = table[i]
+    for i in range(n_ch):
+        out[n_sink + i] = table[n_sink + chosen[i]]
+    for i in range(n_win):
+        out[n_sink + n_ch + i] = table[nb - n_win + i]
+    return n_sink + n_ch + n_win
+
+
 @parallel_kernel
 def _select(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks, threads,
             scores, out, tag):
@@ -218,10 +254,9 @@ def _select(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_
     qw = np.empty((H, r), np.int8)  # [H, r] u[h]
     qsc = np.empty(H, np.float32)  # [H] c[h]
     qcorr = np.empty((H, r // 4), np.int32)  # [H, r/4] -128 sum of each quad of u[h]
-    quantize_query(q, hbasis, scale, qw, qsc, qcorr)
     hmax = np.empty(H, np.float32)  # [H] m[h] (phi exp)
-    if phi == PHI_EXP:
-        _kept_max(idx, isc, qw, qsc, qcorr, slot, table, n_keys, bs, G, n_sink, n_win, hmax, tag)
+    _query_and_kept_max(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, n_sink, n_win, qw, qsc, qcorr,
+                        hmax, tag)
     nb = (n_keys + bs - 1) // bs
     n_cand = nb - n_sink - n_win
     T = max(1, min(threads, n_cand * H // PARALLEL_WORK))
@@ -232,15 +267,44 @@ def _select(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_
             b0, b1 = n_sink + n_cand * t // T, n_sink + n_cand * (t + 1) // T
             _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, b0, b1,
                          scores[b0 - n_sink:b1 - n_sink], tag)
-    chosen = np.empty(min(k_blocks, n_cand), np.int32)  # [K] candidate indices, ascending
-    n_ch = top_blocks(scores[:n_cand], k_blocks, chosen)
-    for i in range(n_sink):
-        out[i] = table[i]
-    for i in range(n_ch):
-        out[n_sink + i] = table[n_sink + chosen[i]]
-    for i in range(n_win):
-        out[n_sink + n_ch + i] = table[nb - n_win + i]
-    return n_sink + n_ch + n_win
+    return _gather_top(scores, table, nb, n_sink, n_win, k_blocks, out)
+
+
+@kernel
+def kept_blocks(n_keys, bs, sink, window):
+    """(sink blocks, window blocks) a row with ``n_keys`` keys always attends."""
+    nb = (n_keys + bs - 1) // bs
+    n_sink = min((sink + bs - 1) // bs, nb)
+    return n_sink, min(nb - n_sink, nb - max(0, n_keys - window) // bs)
+
+
+@kernel
+def row_selection(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, conf, w, scores, out, tag):
+    """The keys one query row attends, on the calling thread: fills ``out`` with its
+    gathered block table and returns how many keys it holds.  Rows with fewer than
+    conf[SP_MIN_CONTEXT] keys, or with no more candidates than the top-k, keep their own
+    table (every key); the others take select_blocks' selection.
+
+    q  # [H, D] f32 rotated;  conf  # [SP_FIELDS] int64 (SP_*);  the rest as select_blocks,
+    with ``slot`` the layer's full-layer slot (the selection's owner)."""
+    nb = (n_keys + bs - 1) // bs
+    n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
+    if n_keys < conf[SP_MIN_CONTEXT] or nb - n_sink - n_win <= conf[SP_K_BLOCKS]:
+        for i in range(nb):
+            out[i] = table[i]
+        return n_keys
+    H, r = hbasis.shape[0], hbasis.shape[1]
+    qw = np.empty((H, r), np.int8)  # [H, r] u[h]
+    qsc = np.empty(H, np.float32)  # [H] c[h]
+    qcorr = np.empty((H, r // 4), np.int32)  # [H, r/4] -128 sum of each quad of u[h]
+    hmax = np.empty(H, np.float32)  # [H] m[h] (phi exp)
+    phi, agg = conf[SP_PHI], conf[SP_AGG]
+    _query_and_kept_max(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, n_sink, n_win, qw, qsc, qcorr,
+                        hmax, tag)
+    _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, H // idx.shape[2], phi, agg, n_sink, nb - n_win,
+                 scores, tag)
+    n = _gather_top(scores, table, nb, n_sink, n_win, conf[SP_K_BLOCKS], out)
+    return (n - 1) * bs + n_keys - (nb - 1) * bs  # every gathered block is full but the last
 
 
 def select_blocks(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks,

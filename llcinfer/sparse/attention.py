@@ -30,7 +30,8 @@ from ..errors import UsageError
 from ..kernels.paged_attention import paged_attention
 from ..kernels.isa import current_isa
 from ..kernels.paged_attention import attention_tag
-from ..kernels.sparse_index import AGG_MAX, AGG_SUM, PHI_EXP, PHI_RELU, select_blocks
+from ..kernels.sparse_index import (AGG_MAX, AGG_SUM, PHI_EXP, PHI_RELU, SP_AGG, SP_FIELDS, SP_K_BLOCKS,
+                                    SP_MIN_CONTEXT, SP_PHI, SP_SINK, SP_WINDOW, kept_blocks, select_blocks)
 from ..kernels.tables import F16_TO_F32
 from ..kv import KVPool, PagedSequence
 from .index_cache import IndexCache
@@ -97,6 +98,7 @@ class SparseAttention:
         self._scores = np.empty(pool.n_blocks, np.float32)  # [pool blocks >= candidates] scorer output
         self._table = np.empty(pool.n_blocks, np.int32)  # [pool blocks >= gathered] one row's gathered table
         self.stats = SparseStats()
+        self._external: list[np.ndarray] = []  # count_into
 
     # ------------------------------------------------------------------ index keys
     def store_index(self, layer: int, k: np.ndarray, positions: np.ndarray, row_seq: np.ndarray,
@@ -108,10 +110,19 @@ class SparseAttention:
     # ------------------------------------------------------------------ selection
     def kept_blocks(self, n_keys: int) -> tuple[int, int]:
         """(sink blocks, window blocks) always attended by a row with ``n_keys`` keys."""
-        c, bs = self.config, self.pool.block_size
-        nb = -(-n_keys // bs)
-        n_sink = min(-(-c.sink // bs), nb)
-        return n_sink, min(nb - n_sink, nb - max(0, n_keys - c.window) // bs)
+        return kept_blocks(n_keys, self.pool.block_size, self.config.sink, self.config.window)
+
+    def kernel_conf(self) -> np.ndarray:
+        """conf  # [SP_FIELDS] int64: the selection rule as kernels/sparse_index.row_selection reads it."""
+        conf = np.zeros(SP_FIELDS, np.int64)
+        conf[SP_MIN_CONTEXT], conf[SP_SINK], conf[SP_WINDOW] = self.config.min_context, self.config.sink, self.config.window
+        conf[SP_K_BLOCKS], conf[SP_PHI], conf[SP_AGG] = self.k_blocks, self.phi, self.agg
+        return conf
+
+    def count_into(self, counts: np.ndarray) -> None:
+        """Add ``counts``  # [workers, L, COUNT_FIELDS] int64 (the executor's sparse rows:
+        rows, keys attended, keys total, selections per layer) to kv_stats from now on."""
+        self._external.append(counts)
 
     def select(self, seq: PagedSequence, layer: int, q: np.ndarray, n_keys: int, scale: float) -> np.ndarray:
         """The gathered block table  # [n_sel] int32 (pool blocks, position order) of one
@@ -162,8 +173,24 @@ class SparseAttention:
         lay[0] += n_sel
         lay[1] += n_keys
 
-    def kv_stats(self) -> dict:
+    def totals(self) -> SparseStats:
+        """This path's counts and those of every executor counting into it."""
         s = self.stats
+        t = SparseStats(s.rows, s.keys_attended, s.keys_total, s.selections,
+                        {li: list(v) for li, v in s.per_layer.items()})
+        for c in self._external:
+            per_layer = c.sum(axis=0)  # [L, COUNT_FIELDS]
+            rows, attended, total, selections = (int(v) for v in per_layer.sum(axis=0))
+            t.rows, t.keys_attended, t.keys_total, t.selections = (t.rows + rows, t.keys_attended + attended,
+                                                                   t.keys_total + total, t.selections + selections)
+            for li in np.nonzero(per_layer[:, 0])[0]:
+                lay = t.per_layer.setdefault(int(li), [0, 0])
+                lay[0] += int(per_layer[li, 1])
+                lay[1] += int(per_layer[li, 2])
+        return t
+
+    def kv_stats(self) -> dict:
+        s = self.totals()
         d = self.index.stats()
         d.update({"sparse_rows": s.rows, "sparse_selections": s.selections,
                   "sparse_keys_fraction": s.keys_attended / s.keys_total if s.keys_total else None})

@@ -28,10 +28,10 @@ from llcinfer.bench.ours import OursBench  # noqa: E402
 from llcinfer.hw.probe import read_bandwidth  # noqa: E402
 from llcinfer.bench.report import kv_bytes_read  # noqa: E402
 from llcinfer.executor.tiles import (ATTN, DOWN, F_KIND, F_LAYER, F_MAT0, F_MAT1, F_MAT2, GATE_UP, LM_HEAD,  # noqa: E402
-                                           MERGE, QKV, ROPE, SELECT, WO)
+                                           MERGE, QKV, ROPE, SELECT, TOPK, WO)
 
-KINDS = {QKV: "qkv", ROPE: "rope", SELECT: "select", ATTN: "attn", MERGE: "merge", WO: "wo", GATE_UP: "gate_up",
-         DOWN: "down", LM_HEAD: "lm_head"}
+KINDS = {QKV: "qkv", ROPE: "rope", SELECT: "select", TOPK: "topk", ATTN: "attn", MERGE: "merge", WO: "wo",
+         GATE_UP: "gate_up", DOWN: "down", LM_HEAD: "lm_head"}
 
 
 def tsc_hz() -> float:

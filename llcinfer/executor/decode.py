@@ -245,7 +245,7 @@ class DecodeExecutor:
                     sp_w=sp.weights, sp_slot=sp.index.slot_of, sp_conf=sp.kernel_conf(),
                     sel_tables=np.zeros((M, cap), np.int32),  # [M, blocks] each row's gathered table
                     sel_n=np.zeros(M, np.int64),  # [M] keys it holds
-                    sp_scores=np.zeros((self.workers.n, pool.n_blocks), f32),  # [worker, blocks] block scores
+                    sp_scores=np.zeros((M, pool.n_blocks), f32),  # [M, blocks] candidate block scores
                     sp_counts=self.sparse_counts)
 
     def step(self, seqs: list, tokens) -> np.ndarray:

@@ -7,16 +7,19 @@ each worker's order; the counters are numbered here, once per (M, splits) shape.
 Worker order (a software pipeline over micro-batches u, layers l):
     weight domain:     QKV(0,u) for every u;  then per l, per u:  WO GATE_UP DOWN (l,u), QKV(l+1,u)
                        and LM_HEAD(u) at the end
-    attention domain:  ROPE [SELECT] ATTN [MERGE] (l,u)  in layer order
+    attention domain:  ROPE [SELECT TOPK] ATTN [MERGE] (l,u)  in layer order
 
-Sparse attention (Shapes.sparse, the layer kinds of sparse/attention.py): a "full" layer's
-ROPE also writes the rows' index keys, and its SELECT (one tile per row, after every
-head's ROPE) writes the row's gathered block table; its ATTN tiles wait for their row's
-selection.  The ATTN of a "full" or "shared" layer reads the rows' gathered tables (F_SEL),
-a shared layer the last full layer's, which no later SELECT overwrites before this ATTN
-is done (the next full layer's QKV waits for this layer's DOWN).
 With one shared domain every worker runs both lists merged in dependency order, so a
 worker that finds no projection tile left moves on to the heads that are ready.
+
+Sparse attention (Shapes.sparse, the layer kinds of sparse/attention.py): a "full" layer's
+ROPE also writes the rows' index keys; its SELECT scores each row's candidate blocks
+in P parts (a tile per row and part, P the attention domain's workers, after every
+head's ROPE), its TOPK (a tile per row, after the row's P parts) writes the row's
+gathered block table, and its ATTN tiles wait for their row's TOPK.  The ATTN of a
+"full" or "shared" layer reads the rows' gathered tables (F_SEL), a shared layer the
+last full layer's, which no TOPK overwrites before this ATTN is done (the next full
+layer's QKV waits for this layer's DOWN).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 from ..model.architectures.base import ModelConfig
 from .tiles import (ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2, F_NPART,
                     F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, GATE_UP, LM_HEAD, MERGE, N_FIELDS,
-                    QKV, ROPE, SELECT, WO)
+                    QKV, ROPE, SELECT, TOPK, WO)
 
 EXTRA_FIELDS = 3  # F_M0, F_M1: the micro-batch's rows [m0, m1); F_SEL (ATTN): which block table
 F_M0, F_M1, F_SEL = N_FIELDS, N_FIELDS + 1, N_FIELDS + 2
@@ -100,7 +103,7 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
     def op(kind, layer, n_tiles, tile, wait=-1, target=0, done=-1, twait=-1, ttarget=0, mats=(-1, -1, -1), kmask=0,
            mb=(0, 0), sel=0) -> int:
         r = [0] * (N_FIELDS + EXTRA_FIELDS)
-        base, n_part = attn_part if kind in (ROPE, SELECT, ATTN, MERGE) else weight_part
+        base, n_part = attn_part if kind in (ROPE, SELECT, TOPK, ATTN, MERGE) else weight_part
         r[F_KIND], r[F_LAYER], r[F_NTILES], r[F_TILE] = kind, layer, n_tiles, tile
         # a claim counter per region of the tiles (step_kernel.next_tile)
         r[F_WAIT], r[F_TARGET], r[F_CLAIM], r[F_DONE] = wait, target, counters(n_part), done
@@ -133,10 +136,11 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
             kind = s.sparse[layer] if s.sparse else "dense"
             a = [op(ROPE, layer, KVH, 1, done=rope_done, twait=head_ready, ttarget=G + 2, mb=(m0, m1))]
             attn_wait, sel = rope_done, {"dense": SEL_OWN, "shared": SEL_SHARED}.get(kind, SEL_WAIT)
-            if kind == "full":  # a tile per row, after every head's ROPE; ATTN waits for its row's
-                attn_wait = counters(Mu)
-                a.append(op(SELECT, layer, Mu, 1, done=attn_wait, twait=rope_done, ttarget=1, mb=(m0, m1)))
-                waits += Mu * KVH
+            if kind == "full":  # score parts after every head's ROPE, a row's top-k after its parts
+                P, parts_ready, attn_wait = attn_part[1], counters(Mu), counters(Mu)
+                a.append(op(SELECT, layer, Mu * P, P, done=parts_ready, twait=rope_done, ttarget=1, mb=(m0, m1)))
+                a.append(op(TOPK, layer, Mu, 1, done=attn_wait, twait=parts_ready, ttarget=P, mb=(m0, m1)))
+                waits += Mu * P * KVH + Mu
             a.append(op(ATTN, layer, Mu * KVH * n_splits, n_splits, done=attn_done if n_splits == 1 else parts_done,
                         twait=attn_wait, ttarget=1, mb=(m0, m1), sel=sel))
             if n_splits > 1:

@@ -68,9 +68,9 @@ STEP_FIELDS = (
     ("sp_w", "[H] f32 head weights"),
     ("sp_slot", "[L] int64 each layer's full-layer slot, -1: it writes no index keys"),
     ("sp_conf", "[SP_FIELDS] int64 the selection rule (kernels/sparse_index.row_selection)"),
-    ("sel_tables", "[M, blocks] int32 each row's gathered block table (SELECT)"),
+    ("sel_tables", "[M, blocks] int32 each row's gathered block table (TOPK)"),
     ("sel_n", "[M] int64 keys of each row's gathered table"),
-    ("sp_scores", "[workers, pool blocks] f32 each worker's block scores"),
+    ("sp_scores", "[M, pool blocks] f32 each row's candidate block scores (SELECT)"),
     ("sp_counts", "[workers, L, COUNT_FIELDS] int64 sparse rows, keys attended, keys total, selections"),
     ("prof", "[workers, n_ops + 1, 2] int64 cycles waiting / working per operator (shape[0] 0: off)"),
 )

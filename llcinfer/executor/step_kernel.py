@@ -12,8 +12,10 @@ quantization, or quantization only), so no hand-off is needed for it.
 Per layer, with G = H / KVH query heads per KV head:
     QKV      tiles: per KV group j, [k_j, v_j, q_{jG} .. q_{jG+G-1}]   -> head_ready[j]
     ROPE     tile j waits head_ready[j] == G + 2; bias, rope, KV append  -> rope_done[j]
-    SELECT   (sparse "full" layers) tile m waits rope_done[j] for every j; row m's
-             gathered block table (row_selection) and its keys        -> sel_done[m]
+    SELECT   (sparse "full" layers) tile (m, p) waits rope_done[j] for every j; part p
+             of P of row m's block scores (score_part)                -> parts_ready[m]
+    TOPK     tile m waits parts_ready[m] == P; row m's gathered block table and its
+             keys (gather_selection)                                  -> sel_done[m]
     ATTN     tile (m, j, s) waits rope_done[j] (sel_done[m]); row m's part s over its
              own table or its gathered one (F_SEL) (row_part; S = 1:
              merged at once into attn)                                   -> attn_done
@@ -38,14 +40,14 @@ from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import merge_partials, row_part
 from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
 from ..kernels.sparse_index import (COUNT_ATTENDED, COUNT_ROWS, COUNT_SELECTIONS, COUNT_TOTAL, SP_MIN_CONTEXT,
-                                    row_selection, store_index_key)
+                                    gather_selection, score_part, store_index_key)
 from ..kernels.simd import addr, vlanes, vtag
 from .step_args import check_signature
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter
 from .program import F_SEL, SEL_OWN, SEL_WAIT
 from .tiles import (ABORT, ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
                     F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, FAIL, GATE_UP, LM_HEAD,
-                    MERGE, N_FIELDS, QKV, ROPE, SELECT, WO, _matmul_rows, _views, _warm_region, next_tile, signal, wait_for)
+                    MERGE, N_FIELDS, QKV, ROPE, SELECT, TOPK, WO, _matmul_rows, _views, _warm_region, next_tile, signal, wait_for)
 
 
 @kernel
@@ -162,10 +164,20 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                         return atomic_load(counters, ABORT)
                 if profiling:
                     tile_wait += cycle_counter() - w0
+                P = ops[o, F_TILE]
+                m = m0 + t // P
+                score_part(qb[m].reshape((H, D)), sp_hbasis[layer], scale, sp_idx, sp_isc, sp_slot[layer],
+                           tables[seq[m]], pos[m] + 1, bs, sp_conf, sp_w, t % P, P, sp_scores[m], tag)
+                signal(counters, ops[o, F_DONE] + t // P)
+            elif kind == TOPK:
+                w0 = cycle_counter() if profiling else 0
+                if not wait_for(counters, ops[o, F_TWAIT] + t, ops[o, F_TTARGET]):
+                    return atomic_load(counters, ABORT)
+                if profiling:
+                    tile_wait += cycle_counter() - w0
                 m = m0 + t
                 n_keys = pos[m] + 1
-                sel_n[m] = row_selection(qb[m].reshape((H, D)), sp_hbasis[layer], scale, sp_idx, sp_isc, sp_slot[layer],
-                                         tables[seq[m]], n_keys, bs, sp_conf, sp_w, sp_scores[wid], sel_tables[m], tag)
+                sel_n[m] = gather_selection(tables[seq[m]], n_keys, bs, sp_conf, sp_scores[m], sel_tables[m])
                 if sel_n[m] < n_keys:
                     sp_counts[wid, layer, COUNT_SELECTIONS] += 1
                 signal(counters, ops[o, F_DONE] + t)

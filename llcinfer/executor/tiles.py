@@ -11,7 +11,7 @@ from ..kernels.vnni_matmul import group_rows
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, sched_yield
 
 # operator kinds
-QKV, ROPE, ATTN, MERGE, WO, GATE_UP, DOWN, LM_HEAD, SELECT, FAIL = 0, 1, 2, 3, 4, 5, 6, 7, 8, 99
+QKV, ROPE, ATTN, MERGE, WO, GATE_UP, DOWN, LM_HEAD, SELECT, TOPK, FAIL = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 99
 # fields of an operator row
 (F_KIND, F_LAYER, F_NTILES, F_TILE, F_WAIT, F_TARGET, F_CLAIM, F_DONE, F_TWAIT, F_TTARGET,
  F_MAT0, F_MAT1, F_MAT2, F_KMASK, F_LANES, F_PBASE, F_NPART) = range(17)

@@ -279,20 +279,28 @@ def kept_blocks(n_keys, bs, sink, window):
 
 
 @kernel
-def row_selection(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, conf, w, scores, out, tag):
-    """The keys one query row attends, on the calling thread: fills ``out`` with its
-    gathered block table and returns how many keys it holds.  Rows with fewer than
-    conf[SP_MIN_CONTEXT] keys, or with no more candidates than the top-k, keep their own
-    table (every key); the others take select_blocks' selection.
-
-    q  # [H, D] f32 rotated;  conf  # [SP_FIELDS] int64 (SP_*);  the rest as select_blocks,
-    with ``slot`` the layer's full-layer slot (the selection's owner)."""
+def row_selects(n_keys, bs, conf):
+    """Whether a row with ``n_keys`` keys runs the scorer: at least conf[SP_MIN_CONTEXT]
+    keys and more candidate blocks than the top-k (else it attends every key)."""
     nb = (n_keys + bs - 1) // bs
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
-    if n_keys < conf[SP_MIN_CONTEXT] or nb - n_sink - n_win <= conf[SP_K_BLOCKS]:
-        for i in range(nb):
-            out[i] = table[i]
-        return n_keys
+    return n_keys >= conf[SP_MIN_CONTEXT] and nb - n_sink - n_win > conf[SP_K_BLOCKS]
+
+
+@kernel
+def score_part(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, conf, w, part, n_parts, scores, tag):
+    """Part ``part`` of ``n_parts`` of one query row's block scores, on the calling thread:
+    scores[c] for its share of the candidates c (select_blocks' scorer; each part
+    quantizes the query and takes the kept tokens' max itself).  Nothing for a row that
+    does not select (row_selects).
+
+    q  # [H, D] f32 rotated;  conf  # [SP_FIELDS] int64 (SP_*);  scores  # [>= candidates]
+    f32;  the rest as select_blocks, ``slot`` the layer's full-layer slot."""
+    if not row_selects(n_keys, bs, conf):
+        return
+    nb = (n_keys + bs - 1) // bs
+    n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
+    n_cand = nb - n_sink - n_win
     H, r = hbasis.shape[0], hbasis.shape[1]
     qw = np.empty((H, r), np.int8)  # [H, r] u[h]
     qsc = np.empty(H, np.float32)  # [H] c[h]
@@ -301,8 +309,21 @@ def row_selection(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, conf, w, 
     phi, agg = conf[SP_PHI], conf[SP_AGG]
     _query_and_kept_max(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, n_sink, n_win, qw, qsc, qcorr,
                         hmax, tag)
-    _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, H // idx.shape[2], phi, agg, n_sink, nb - n_win,
-                 scores, tag)
+    b0, b1 = n_sink + n_cand * part // n_parts, n_sink + n_cand * (part + 1) // n_parts
+    _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, H // idx.shape[2], phi, agg, b0, b1,
+                 scores[b0 - n_sink:b1 - n_sink], tag)
+
+
+@kernel
+def gather_selection(table, n_keys, bs, conf, scores, out):
+    """After every score_part of a row: its gathered block table into ``out`` (its own
+    table when it does not select); returns the keys the gathered table holds."""
+    nb = (n_keys + bs - 1) // bs
+    if not row_selects(n_keys, bs, conf):
+        for i in range(nb):
+            out[i] = table[i]
+        return n_keys
+    n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
     n = _gather_top(scores, table, nb, n_sink, n_win, conf[SP_K_BLOCKS], out)
     return (n - 1) * bs + n_keys - (nb - 1) * bs  # every gathered block is full but the last
 

@@ -168,9 +168,10 @@ def test_exit_codes(tmp_path):
 class _FakeOurs:
     """Stands in for OursBench: fixed timings, no model."""
 
-    def __init__(self, model, threads, n_ctx):
+    def __init__(self, model, threads, n_ctx, sparse=False, sparse_top_k=None):
         self.depth = 0
         self.plan = f"fake plan for n_ctx {n_ctx}"
+        self.sparse_top_k = (sparse_top_k or 1024) if sparse else None  # as OursBench: the top-k that runs
 
     def warmup(self):
         pass
@@ -221,6 +222,21 @@ def test_crashed_build_does_not_stop_the_comparison(tmp_path, monkeypatch):
     assert "plan (m, 2 threads, n_ctx 4096): fake plan for n_ctx 4096" in table, "planned for the model's context"
 
 
+def test_sparse_reaches_ours_and_the_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "OursBench", _FakeOurs)
+    monkeypatch.setattr(compare, "default_ctx", lambda path: 4096)
+    monkeypatch.setattr(compare.catalog, "resolve_model", lambda m, progress=True: Path(m))
+    monkeypatch.setattr(compare, "ReadProbe", _FakeProbe)
+    s = compare.BenchSettings(models=["m"], threads=[2], n_prompt=0, n_gen=16, depths=[0], reps=1, sparse=True,
+                              sparse_top_k=512)
+    (rec,) = compare.run_bench(s, {}, [])
+    assert rec.sparse_top_k == 512 and rec.to_json()["sparse"] and rec.to_json()["sparse_top_k"] == 512
+    assert Record.from_json(rec.to_json()).sparse_top_k == 512
+    assert "plan (m, 2 threads, n_ctx 4096, sparse top-k 512): fake plan" in report.markdown_table([rec])
+    (dense,) = compare.run_bench(compare.BenchSettings(models=["m"], threads=[2], n_prompt=0, n_gen=16, reps=1), {}, [])
+    assert dense.to_json()["sparse"] is False and "sparse" not in report.markdown_table([dense])
+
+
 def test_block_alternation_runs_llama_bench_once_per_build(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "OursBench", _FakeOurs)
     monkeypatch.setattr(compare, "default_ctx", lambda path: 4096)  # the model's own context
@@ -255,7 +271,9 @@ def _cli(*args, **env):
 
 @pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"],
                                   ["--ctx", "100", "-p", "512"], ["--spec", "bogus"], ["--spec", ""],
-                                  ["--spec", "ngram", "--spec-workload", "poetry"], ["--spec", "ngram", "-n", "1"]])
+                                  ["--spec", "ngram", "--spec-workload", "poetry"], ["--spec", "ngram", "-n", "1"],
+                                  ["--sparse", "--sparse-top-k", "0"], ["--sparse-top-k", "5"],
+                                  ["--sparse", "--spec", "ngram"]])
 def test_cli_usage_errors(args):
     r = _cli("bench", *args)
     assert r.returncode == 2, r.stderr

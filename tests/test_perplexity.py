@@ -165,6 +165,39 @@ def test_cli_errors_are_one_line(tiny, tmp_path):
                           "vocabulary of 7 tokens")
 
 
+def _main(capsys, *args) -> tuple[int, str, str]:
+    """``llcinfer ARGS`` in this process (its kernels are compiled already): (rc, out, err)."""
+    from llcinfer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return exc.value.code, out.out, out.err
+
+
+def test_cli_sparse_is_announced_and_its_bad_options_are_one_line(tiny, tmp_path, capsys):
+    """--sparse reaches the LLM and the first line says so; at -c 24 no row is sparse, so
+    the estimate is the dense one."""
+    path, _ = tiny
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 8)
+    args = ("perplexity", "-m", path, "-f", text, "-c", CTX, "-t", "1", "--numerics", "f32", "--chunks", "2")
+    (rc_d, out_d, err_d), (rc_s, out_s, err_s) = _main(capsys, *args), _main(capsys, *args, "--sparse",
+                                                                               "--sparse-top-k", "32")
+    assert rc_d == 0 and rc_s == 0, err_s
+    assert "sparse" not in err_d
+    assert err_s.startswith("perplexity: ") and (
+        f", sparse attention top-k 32 (rows with >= 4096 keys; no scored row has that many at -c {CTX})"
+        in err_s.splitlines()[0])
+    estimate = [next(ln for ln in out.splitlines() if ln.startswith("Final")).split("(")[0] for out in (out_d, out_s)]
+    assert estimate[0] == estimate[1]
+    for bad, why in ((("--sparse", "--sparse-top-k", "0"), "--sparse-top-k must be >= 1"),
+                     (("--sparse-top-k", "5"), "--sparse-top-k needs --sparse")):
+        rc, out, err = _main(capsys, *args, *bad)
+        assert rc == 2 and err == f"error: {why}" + (" (got 0)" if "0" in bad else "") + "\n", err
+
+
 def _stdlib_text(n_files: int = 3) -> str:
     import os
 

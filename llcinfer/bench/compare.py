@@ -48,6 +48,8 @@ class BenchSettings:
     fill_limit_s: float = 1200.0
     llama_timeout_s: float = 3600.0
     n_ctx: int | None = None  # our context (None: LLM's default, the model's training context)
+    sparse: bool = False  # ours with sparse attention (LLM's sparse, sparse_top_k)
+    sparse_top_k: int | None = None
 
     def ctx_needed(self) -> int:
         """Tokens the deepest test holds (plus a margin)."""
@@ -84,11 +86,12 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
         for threads in s.threads:
             n_ctx = s.n_ctx or max(default_ctx(path), s.ctx_needed())
             log(f"== {name}, {threads} threads: loading (n_ctx {n_ctx}) ...")
-            ours = OursBench(str(path), threads, n_ctx)
+            ours = OursBench(str(path), threads, n_ctx, sparse=s.sparse, sparse_top_k=s.sparse_top_k)
             log(f"   plan: {ours.plan}")
             ours.warmup()
             for kind, n, depth in s.tests():
-                mine = Record(OURS, None, name, kind, threads, depth, n, plan=ours.plan, n_ctx=n_ctx)
+                mine = Record(OURS, None, name, kind, threads, depth, n, plan=ours.plan, n_ctx=n_ctx,
+                              sparse_top_k=ours.sparse_top_k)
                 theirs = {b: Record(LLAMA, b, name, kind, threads, depth, n) for b in builds}
                 log(f"-- {name} {mine.test}, {threads} threads")
                 probe = None  # tg: read next to each repetition

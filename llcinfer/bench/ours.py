@@ -6,7 +6,8 @@ not for depth + tokens; fill the KV cache to the depth once per depth (untimed);
 each pp repetition runs ``n`` random tokens in chunks of the step loop's token budget, each tg
 repetition feeds ``n`` random tokens one at a time through the runner's decode rows (no
 sampling, as llama-bench), and the
-cache is rolled back to the depth (``cache.truncate``) before every repetition.
+cache is rolled back to the depth (``cache.truncate``) before every repetition.  With
+``sparse`` the LLM runs sparse attention, and a synthetic fill writes the index keys of its random K too.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ def default_ctx(path) -> int:
 
 
 class OursBench:
-    def __init__(self, model: str, threads: int, n_ctx: int, seed: int = 0):
-        self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False)
+    def __init__(self, model: str, threads: int, n_ctx: int, seed: int = 0, sparse: bool = False,
+                 sparse_top_k: int | None = None):
+        self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False, sparse=sparse, sparse_top_k=sparse_top_k)
+        self.sparse = self.llm.engine.sparse  # SparseAttention or None
+        self.sparse_top_k = None if self.sparse is None else self.sparse.config.top_k  # None: dense
         # what the decode rows run on: the plan's label, or why they skip the executor
         self.plan = self.llm.plan.label if self.llm.executor_note is None else f"batched ({self.llm.executor_note})"
         wait_loaded()  # measure the steady state: weights on 2 MiB pages, not the file's map
@@ -153,3 +157,7 @@ class OursBench:
             k, v = ((self.rng.standard_normal(shape, dtype=np.float32) * (float(r.std()) if start else 1.0))
                     .astype(np.float16).astype(np.float32) for r in refs)
             c.store(layer, start, k, v)
+            if self.sparse is not None:  # the indexer scores these keys as it would real ones
+                n = stop - start
+                self.sparse.store_index(layer, k.reshape(n, -1), np.arange(start, stop, dtype=np.int64),
+                                        np.zeros(n, np.int64), c.table[None, :c.n_blocks].astype(np.int32))

@@ -69,6 +69,7 @@ class Record:
     anchor: bool = False  # llama.cpp: the best build that ran this test
     plan: str | None = None  # ours: the plan the decode rows ran (its label)
     n_ctx: int | None = None  # ours: the context the model was loaded with (the plan's)
+    sparse_top_k: int | None = None  # ours: the sparse indexer's top-k; None: dense attention
 
     @property
     def test(self) -> str:
@@ -109,6 +110,7 @@ class Record:
             "bandwidth_gbs": r(None if self.bandwidth is None else self.bandwidth / 1e9, 2),
             "samples_bw_gbs": [round(b / 1e9, 2) for b in self.samples_bw],
             "fill": self.fill, "anchor": self.anchor, "plan": self.plan, "n_ctx": self.n_ctx,
+            "sparse": self.sparse_top_k is not None, "sparse_top_k": self.sparse_top_k,
         }
 
     @classmethod
@@ -120,7 +122,8 @@ class Record:
                    samples_tps=list(d.get("samples_tps") or []), status=d.get("status", "ok"), error=d.get("error"),
                    bytes_per_token=d.get("bytes_per_token"), bandwidth=None if bw is None else bw * 1e9,
                    samples_bw=[b * 1e9 for b in d.get("samples_bw_gbs") or []],
-                   fill=d.get("fill"), anchor=bool(d.get("anchor")), plan=d.get("plan"), n_ctx=d.get("n_ctx"))
+                   fill=d.get("fill"), anchor=bool(d.get("anchor")), plan=d.get("plan"), n_ctx=d.get("n_ctx"),
+                   sparse_top_k=d.get("sparse_top_k"))
 
 
 def read_json(path: str | Path) -> tuple[dict, list[Record]]:
@@ -186,10 +189,11 @@ def markdown_table(records: list[Record]) -> str:
     rows = table_rows(records)
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    plans = {(r.model, r.threads): (r.plan, r.n_ctx) for r in records if r.engine == OURS and r.plan}
+    plans = {(r.model, r.threads): (r.plan, r.n_ctx, r.sparse_top_k) for r in records if r.engine == OURS and r.plan}
     if plans:
         lines.append("")
-    lines += [f"plan ({m}, {t} threads, n_ctx {c}): {p}" for (m, t), (p, c) in plans.items()]
+    lines += [f"plan ({m}, {t} threads, n_ctx {c}{'' if k is None else f', sparse top-k {k}'}): {p}"
+              for (m, t), (p, c, k) in plans.items()]
     return "\n".join(lines)
 
 

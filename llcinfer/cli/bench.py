@@ -2,10 +2,12 @@
 
     llcinfer bench -m smollm2-135m --threads 2 -p 512 -n 128 --depth 0,4096 -r 5 \\
         --vs llama.cpp --json out.json --plot out.png
+    llcinfer bench -m smollm2-135m -p 0 -n 64 --depth 8192,16384 --sparse [--sparse-top-k 1024]
     llcinfer bench -m qwen2.5-coder-1.5b --spec ngram,draft:qwen2.5-coder-0.5b -n 192 -r 2 --vs llama.cpp
 
 With ``--spec`` it measures effective TPOT (wall time per generated token) of each
-drafter against plain decoding on chat workloads instead (bench/spec.py).
+drafter against plain decoding on chat workloads instead (bench/spec.py).  With ``--sparse``
+our pp/tg run sparse attention (rows with 4096 keys or more) and the report says so.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import click
 
 from ..errors import UsageError
+from .options import check_sparse, sparse_options
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -53,16 +56,20 @@ def _int_list(value: str, what: str, minimum: int) -> list[int]:
                    "of -n greedy chat tokens against plain decoding (and llama.cpp's with --vs llama.cpp).")
 @click.option("--spec-workload", default="code-edit,free-chat", show_default=True,
               help="Workloads for --spec: code-edit (a stdlib function to rename in), free-chat.")
+@sparse_options
 @click.option("--json", "json_path", default=None, help="Write the results as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a TPOT-vs-depth PNG here (needs matplotlib).")
 def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_path, build_llama_cpp,
-          alternate, fill, fill_limit, n_ctx, spec, spec_workload, json_path, plot_path):
+          alternate, fill, fill_limit, n_ctx, spec, spec_workload, sparse, sparse_top_k, json_path, plot_path):
     """Measure prompt (ppP) and generation (tgN @ dD) speed, optionally against llama.cpp."""
     from ..bench import llama_bench, report
     from ..hw import cpu as machine
     from ..bench.compare import BenchSettings, log, run_bench
 
     thread_list = _int_list(threads, "--threads", 1)
+    check_sparse(sparse, sparse_top_k)
+    if sparse and spec is not None:
+        raise UsageError("--sparse measures pp/tg; it does not combine with --spec")
     if spec is not None:
         _spec_bench(list(models) or [DEFAULT_MODEL], thread_list, spec, spec_workload, n_gen, repetitions,
                     vs == "llama.cpp", json_path, log)
@@ -80,7 +87,7 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
         vs = "llama.cpp"  # asking for a llama.cpp binary implies the comparison
     settings = BenchSettings(models=list(models) or [DEFAULT_MODEL], threads=thread_list, n_prompt=n_prompt,
                              n_gen=n_gen, depths=depths, reps=repetitions, alternate=alternate, fill=fill,
-                             fill_limit_s=fill_limit, n_ctx=n_ctx)
+                             fill_limit_s=fill_limit, n_ctx=n_ctx, sparse=sparse, sparse_top_k=sparse_top_k)
     if n_ctx is not None and n_ctx < settings.ctx_needed():
         raise UsageError(f"--ctx {n_ctx} is smaller than the deepest test needs ({settings.ctx_needed()} tokens)")
     builds = {}

@@ -43,6 +43,14 @@ def sparse_options(f):
     return f
 
 
+def check_sparse(sparse: bool, sparse_top_k: int | None) -> None:
+    """The sparse options' bad combinations, as the options' names (before a model loads)."""
+    if sparse_top_k is not None and sparse_top_k < 1:
+        raise UsageError(f"--sparse-top-k must be >= 1 (got {sparse_top_k})")
+    if sparse_top_k is not None and not sparse:
+        raise UsageError("--sparse-top-k needs --sparse")
+
+
 def spec_options(f):
     """Speculative decoding options (generate, chat)."""
     f = click.option("--spec-policy", type=click.Choice(["super-tree", "per-sequence"]), default="super-tree",

@@ -4,6 +4,11 @@ saved with ``--save-logits``).
 
     llcinfer perplexity -m smollm2-135m -f text.txt [-c 512] [--chunks 20] [--save-logits base.kld]
     llcinfer perplexity -m smollm2-135m --kl-divergence-base base.kld [--chunks 20]
+    llcinfer perplexity -m smollm2-135m -f long.txt -c 8192 --sparse [--sparse-top-k 1024]
+
+With ``--sparse`` the rows with at least 4096 keys attend sparsely (prompt rows too), so
+the positions scored past that are the sparse path's; at -c 4096 or less every scored row
+is dense.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 import click
 
 from ..errors import UsageError
-from .options import kv_options, model_options
+from .options import check_sparse, kv_options, model_options, sparse_options
 
 
 def _read_text(path: str) -> str:
@@ -26,21 +31,34 @@ def _read_text(path: str) -> str:
         raise UsageError(f"{path} is not UTF-8 text (byte {e.start})") from None
 
 
+def _sparse_note(llm, ctx: int) -> str:
+    """``, sparse top-k K ...`` for the first line when sparse attention is on."""
+    sp = llm.engine.sparse
+    if sp is None:
+        return ""
+    c = sp.config
+    reach = "" if ctx - 1 >= c.min_context else f"; no scored row has that many at -c {ctx}"
+    return f", sparse attention top-k {c.top_k} (rows with >= {c.min_context} keys{reach})"
+
+
 @click.command()
 @model_options
 @kv_options
+@sparse_options
 @click.option("--file", "-f", "text_file", default=None, help="The text to score (UTF-8).")
 @click.option("--chunks", type=int, default=None, help="Score at most this many chunks (default: all).")
 @click.option("--save-logits", default=None, help="Write this run's log-probabilities as a base file.")
 @click.option("--kl-divergence-base", "base_file", default=None,
               help="Compare with this base file (its tokens are scored; no --file needed).")
-def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, text_file, chunks, save_logits, base_file):
+def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, text_file, chunks,
+               save_logits, base_file):
     """Perplexity of MODEL on --file in chunks of -c tokens (default 512; the second half of
     each is scored), as llama-perplexity computes it; with --kl-divergence-base, also the KL
     divergence and top-token agreement against the base (whose -c it takes)."""
     from ..bench.kld_base import read_base
     from ..bench.perplexity import perplexity as score
 
+    check_sparse(sparse, sparse_top_k)
     if (text_file is None) == (base_file is None):
         raise UsageError("give either --file TEXT or --kl-divergence-base FILE")
     if base_file is not None and save_logits is not None:
@@ -55,14 +73,15 @@ def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, text_file
     from ..api import LLM
 
     llm = LLM(model, threads=threads, n_ctx=ctx, numerics=numerics, kv_type=kv_type,
-              kv_budget_mb=kv_budget_mb, n_seq=2, progress=False)
+              kv_budget_mb=kv_budget_mb, n_seq=2, progress=False, sparse=sparse, sparse_top_k=sparse_top_k)
     try:
         tokens = base.tokens if base is not None else llm.tokenize(text)
         t0 = time.perf_counter()
 
         def progress(i, result):
             if i == 0:
-                click.echo(f"perplexity: {len(tokens)} tokens, chunks of {ctx}, threads {llm.threads}", err=True)
+                click.echo(f"perplexity: {len(tokens)} tokens, chunks of {ctx}, threads {llm.threads}"
+                           f"{_sparse_note(llm, ctx)}", err=True)
             click.echo(f"[{i + 1}]{result.running_ppl()[-1]:.4f},", nl=False)
 
         result = score(llm, tokens, ctx, chunks, base, save_logits, progress)

@@ -7,7 +7,8 @@ each pp repetition runs ``n`` random tokens in chunks of the step loop's token b
 repetition feeds ``n`` random tokens one at a time through the runner's decode rows (no
 sampling, as llama-bench), and the
 cache is rolled back to the depth (``cache.truncate``) before every repetition.  With
-``sparse`` the LLM runs sparse attention, and a synthetic fill writes the index keys of its random K too.
+``sparse`` the LLM runs sparse attention, and a synthetic fill writes the index keys of
+its random K too.
 """
 
 from __future__ import annotations

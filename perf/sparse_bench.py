@@ -175,7 +175,8 @@ def quality(a) -> dict:
 def save_state(path: Path, pool, seq, sp, tokens) -> None:
     """The whole pool buffer, the index cache and the filled tokens (a fill over several runs)."""
     np.savez(path, pool=np.frombuffer(pool._map, np.uint8), idx=sp.index.idx, isc=sp.index.isc,
-             table=seq.table[:seq.n_blocks], tokens=np.asarray(tokens, np.int64))
+             table=seq.table[:seq.n_blocks], tokens=np.asarray(tokens, np.int64),
+             full=np.asarray(sp.index.full_layers, np.int64))
 
 
 def load_state(path: Path, pool, seq, sp, tokens) -> int:
@@ -186,9 +187,16 @@ def load_state(path: Path, pool, seq, sp, tokens) -> int:
     seq.n_tokens = len(st["tokens"])
     if st["pool"].size != pool.reserved_bytes or not np.array_equal(seq.table[:seq.n_blocks], st["table"]):
         raise SystemExit(f"{path}: saved for another pool (use the same --pool-ctx)")
+    saved_full = st["full"].tolist() if "full" in st else None
+    if saved_full is None and st["idx"].shape != sp.index.idx.shape:
+        raise SystemExit(f"{path}: saved for another layer policy (--dense-layers, --full-every, --rank)")
+    slots = list(range(len(sp.index.full_layers))) if saved_full is None else [
+        saved_full.index(li) if li in saved_full else -1 for li in sp.index.full_layers]
+    if -1 in slots or st["idx"].shape[1:] != sp.index.idx.shape[1:]:
+        raise SystemExit(f"{path}: its index keys do not cover this run's full layers (saved: {saved_full})")
     np.frombuffer(pool._map, np.uint8)[:] = st["pool"]
-    sp.index.idx[...] = st["idx"]
-    sp.index.isc[...] = st["isc"]
+    sp.index.idx[...] = st["idx"][slots]
+    sp.index.isc[...] = st["isc"][slots]
     seq.tokens[:] = [int(t) for t in st["tokens"]]
     seq.truncate(n)
     return n

@@ -44,10 +44,11 @@ from ..kernels.sparse_index import (COUNT_ATTENDED, COUNT_ROWS, COUNT_SELECTIONS
 from ..kernels.simd import addr, vlanes, vtag
 from .step_args import check_signature
 from .atomics import COUNTER_STRIDE, atomic_add, atomic_load, atomic_store, cpu_relax, cycle_counter
-from .program import F_SEL, SEL_OWN, SEL_WAIT
+from .program import F_M0, F_M1, F_SEL, SEL_OWN, SEL_WAIT
 from .tiles import (ABORT, ATTN, DOWN, F_CLAIM, F_DONE, F_KIND, F_KMASK, F_LANES, F_LAYER, F_MAT0, F_MAT1, F_MAT2,
                     F_NPART, F_NTILES, F_PBASE, F_TARGET, F_TILE, F_TTARGET, F_TWAIT, F_WAIT, FAIL, GATE_UP, LM_HEAD,
-                    MERGE, N_FIELDS, QKV, ROPE, SELECT, TOPK, WO, _matmul_rows, _views, _warm_region, next_tile, signal, wait_for)
+                    MERGE, QKV, ROPE, SELECT, TOPK, WO, _matmul_rows, _views, _warm_region, next_tile, signal,
+                    wait_for)
 
 
 @kernel
@@ -95,8 +96,8 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
         if not wait_for(counters, ops[o, F_WAIT], ops[o, F_TARGET]):
             return atomic_load(counters, ABORT)
         c1 = cycle_counter() if profiling else 0
-        m0 = ops[o, N_FIELDS]
-        m1 = ops[o, N_FIELDS + 1]  # F_M0, F_M1
+        m0 = ops[o, F_M0]
+        m1 = ops[o, F_M1]
         M = m1 - m0
         if m0 != cur0 or m1 != cur1:  # another micro-batch: views of its rows (each view is reference counted)
             xu, qu, ku, vu, au = x[m0:m1], qb[m0:m1], kb[m0:m1], vb[m0:m1], attn[m0:m1]

@@ -6,14 +6,17 @@
 For each configuration (catalog model x context x concurrent sequences) the planner plans
 for this machine with the calibration measured at first use (engine/calibrate.py: run here
 if the cache lacks it, its cost reported); then the chosen plan and the best runner-up of
-the other kind (shared vs split) both run on the executor (``measure_tpot``: median step
-over repetitions, on written KV) and the faster is kept, as ``LLM`` does at start-up.
+the other kind (shared vs split) both run on the executor, in turn (``measure_alternating``:
+A B A B, median step over repetitions, on written KV), and the faster is kept, as ``LLM``
+does at start-up.
 
-The feedback starts empty for every run of the script (observations and corrections of the
-cache are not used), and each row's measurements are fed back only after the row: a row's
-``predicted_ms`` is the planner's prediction with what the earlier rows fed back, never its
-own measurement; ``model_ms`` is the model with no feedback at all.  Errors are
-predicted / measured - 1 of the chosen plan.
+The feedback starts empty for every run of the script (the cache's observations are not
+used), and each row's measurements are fed back only after the row: a row's
+``predicted_ms`` is the planner's prediction with what the earlier rows fed back
+(``Calibration.feedback``: the same model and number of sequences at other contexts),
+never its own measurement; ``model_ms`` is the model with no feedback at all and
+``attention_ms`` its attention part.  Errors are predicted / measured - 1 of the chosen
+plan.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer.engine.calibrate import ensure_calibration  # noqa: E402
 from llcinfer.engine.placement import domains_from_plan  # noqa: E402
-from llcinfer.engine.plan_check import measure_tpot  # noqa: E402
+from llcinfer.engine.plan_check import measure_alternating  # noqa: E402
 from llcinfer.engine.transformer import Transformer  # noqa: E402
 from llcinfer.jit import set_threads  # noqa: E402
 from llcinfer.model import catalog  # noqa: E402
@@ -45,6 +48,7 @@ def _side(p, meas: dict, dom) -> dict:
     return {"kind": p.kind, "label": p.label, "shape": p.shape, "weight_cores": list(dom.weight),
             "attention_cores": list(dom.attention), "micro_batches": dom.micro_batches,
             "predicted_ms": p.prediction.tpot_s * 1e3, "model_ms": p.prediction.model_s * 1e3,
+            "attention_ms": p.prediction.attention_s * 1e3,
             "measured_ms": meas["tpot_s"] * 1e3, "measured_reps_ms": [t * 1e3 for t in meas["steps_s"]]}
 
 
@@ -56,7 +60,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json")
     ap.add_argument("--append", action="store_true",
-                    help="add rows to the JSON file and take its fed-back corrections as the start")
+                    help="add rows to the JSON file and take its observations as the start")
     a = ap.parse_args()
     threads = set_threads(a.threads)
     machine = detect_machine(probe=False)
@@ -67,20 +71,18 @@ def main() -> None:
         t0 = time.perf_counter()
         cal = ensure_calibration(model, machine, threads)
         doc["calibration_s"][name] = round(time.perf_counter() - t0, 2)
-        cal.observed, cal.correction = list(doc.get("observed", [])), {}
-        for o in cal.observed:  # rebuild the corrections the earlier rows fed back
-            cal.record(o["workload"], o["shape"], o["label"], o["kind"], o["predicted_s"], o["measured_s"])
+        cal.observed = list(doc.get("observed", []))  # what the earlier rows fed back
         for ctx, conc in CONFIGS:
             w = workload_from_model(model, ctx=ctx, concurrency=conc)
             plan = make_plan(machine, w, threads=threads, calibration=cal)
             row = {"model": name, "ctx": ctx, "concurrency": conc, "threads": threads}
-            for tag, p in (("chosen", plan), ("other", other_kind(plan))):
-                if p is None:
-                    continue
-                dom = domains_from_plan(p, model.config)
-                t1 = time.perf_counter()
-                row[tag] = _side(p, measure_tpot(model, dom, ctx, conc, n_tokens=a.tokens, reps=a.reps), dom)
-                row[tag]["wall_s"] = round(time.perf_counter() - t1, 2)
+            sides = [(tag, p, domains_from_plan(p, model.config))
+                     for tag, p in (("chosen", plan), ("other", other_kind(plan))) if p is not None]
+            t1 = time.perf_counter()
+            got = measure_alternating(model, [(dom, ctx, conc) for _, _, dom in sides], n_tokens=a.tokens, reps=a.reps)
+            for (tag, p, dom), meas in zip(sides, got):
+                row[tag] = _side(p, meas, dom)
+            row["wall_s"] = round(time.perf_counter() - t1, 2)
             c, o = row["chosen"], row.get("other")
             row["error"] = c["predicted_ms"] / c["measured_ms"] - 1
             row["model_error"] = c["model_ms"] / c["measured_ms"] - 1
@@ -88,10 +90,9 @@ def main() -> None:
             row["kept"] = c["label"] if row["chosen_faster_measured"] else o["label"]
             for side in filter(None, (c, o)):  # feed back after the row
                 cal.record(workload_key(w, threads), side["shape"], side["label"], side["kind"],
-                           side["model_ms"] / 1e3, side["measured_ms"] / 1e3)
+                           side["model_ms"] / 1e3, side["measured_ms"] / 1e3, side["attention_ms"] / 1e3)
             doc["rows"].append(row)
             doc["observed"] = cal.observed
-            doc["correction"] = cal.correction
             print(f"{name:20s} ctx {ctx:5d} x{conc}  {c['label'][:28]:28s} pred {c['predicted_ms']:7.2f} "
                   f"(model {c['model_ms']:7.2f}) meas {c['measured_ms']:7.2f} ms err {row['error']:+6.1%}  | "
                   f"{(o or {}).get('label', '-')[:28]:28s} pred {(o or {}).get('predicted_ms', float('nan')):7.2f} "

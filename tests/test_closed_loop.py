@@ -1,7 +1,8 @@
 """The per-machine calibration and the closed loop: the cache keyed by machine and kernel
-version, measured kernel rates replacing the curve's, the feedback correction, and the
-switch to the faster plan when a synthetic machine's measured order contradicts the
-predicted one.  Nothing is timed here: timings are injected."""
+version, measured kernel rates and work factors replacing the curve's, the feedback of
+observed TPOTs per part (weight side, attention), and the switch to the faster plan when
+a synthetic machine's measured order contradicts the predicted one.  Nothing is timed
+here (timings are injected) but the in-step calibration's run on a tiny model."""
 
 import dataclasses
 
@@ -19,8 +20,8 @@ def test_cache_is_keyed_by_machine_and_kernel_version(tmp_path, monkeypatch):
     monkeypatch.setenv("LLCINFER_HOME", str(tmp_path))
     m = load_topology("ci-2core")
     cal = Calibration(handoff_ns=321.0, matmul_stream_gbs={"Q4_K": {"1": 20.0, "2": 30.0}},
-                      attention_stream_gbs={"12/2x128": {"1": 25.0}}, correction={"shared:s2": 1.1})
-    cal.record("w", "shared:s2", "shared", "shared", 0.01, 0.012)
+                      attention_stream_gbs={"12/2x128": {"1": 25.0}}, work_factor={"w": {"2x1": 1.1}})
+    cal.record("w", "shared:s2", "shared", "shared", 0.01, 0.012, 0.004)
     path = cal.save(cache_key(m))
     assert path.startswith(str(tmp_path / "machine")) and Calibration.load(cache_key(m)) == cal
     others = [dataclasses.replace(m, cpu_id="family 23 model 49"), dataclasses.replace(m, isa=["avx2", "fma"]),
@@ -41,7 +42,11 @@ def test_measured_kernel_rates_replace_the_curve():
     assert make_plan(m, w, calibration=slow).prediction.tpot_s > 2 * base.tpot_s
     slow_kv = Calibration(attention_stream_gbs={"12/2x128": {"1": 0.5, "2": 1.0}})
     assert make_plan(m, w, calibration=slow_kv).prediction.tpot_s > base.tpot_s
-    fed = make_plan(m, w, calibration=Calibration(correction={"shared:s2": 1.5, "split:w1+a1": 1.5})).prediction
+    seen = Calibration()
+    for p in [plan := make_plan(m, w, calibration=Calibration())] + plan.runners_up:
+        seen.record(workload_key(w, p.threads), p.shape, p.label, p.kind, p.prediction.model_s,
+                    1.5 * p.prediction.model_s, p.prediction.attention_s)
+    fed = make_plan(m, w, calibration=seen).prediction
     assert fed.tpot_s == pytest.approx(1.5 * base.tpot_s) and fed.model_s == pytest.approx(base.tpot_s)
     assert sum(fed.terms.values()) == pytest.approx(fed.tpot_s) and fed.terms["feedback"] > 0
 
@@ -65,13 +70,14 @@ def test_closed_loop_switches_when_the_predicted_order_is_wrong():
     assert kept.runners_up[0].label == plan.label
     key = workload_key(w, plan.threads)
     assert cal.observation(key, plan.label)["measured_s"] == pytest.approx(measured[plan.label])
-    assert cal.factor(plan.shape) == pytest.approx(3.0) and cal.factor(rival.shape) == pytest.approx(0.8)
+    assert cal.feedback(key, plan.shape) == pytest.approx((3.0, 3.0))
+    assert cal.feedback(key, rival.shape) == pytest.approx((0.8, 0.8))
     again = make_plan(m, w, calibration=cal)
     assert again.kind != wrong, "the fed-back error reorders the plans"
     assert again.prediction.tpot_s == pytest.approx(measured[again.label])
     assert again.observed is not None and "observed TPOT" in again.explain()
     kept2, _ = close_loop(again, w, cal, machine)
-    assert kept2.label == again.label and cal.factor(plan.shape) == pytest.approx(3.0)
+    assert kept2.label == again.label and cal.feedback(key, plan.shape) == pytest.approx((3.0, 3.0))
     timed = []
     kept3, _ = close_loop(make_plan(m, w, calibration=cal), w, cal, lambda p: timed.append(p) or 1.0, reuse=True)
     assert kept3.label == again.label and not timed, "observed plans are not timed again"
@@ -117,3 +123,101 @@ def test_cli_plan_shows_the_observed_tpot(tmp_path, monkeypatch, capsys):
         main(["plan", "-m", real_model_path("smollm2-135m"), "--ctx", "2048", "--topology", "ci-2core"])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "observed TPOT 12.3 ms" in out and "feedback" in out
+
+
+def test_rows_and_work_factors_interpolate():
+    cal = Calibration(attention_stream_gbs={"9/3x64": {"1": 10.0, "2": 20.0}, "9/3x64@4": {"1": 16.0, "2": 32.0}},
+                      work_factor={"m": {"1x1": 1.2, "1x4": 0.9, "2x1": 1.1, "2x4": 0.6}})
+    assert cal.attention_gbs("9/3x64", 2) == pytest.approx(20.0)
+    assert cal.attention_gbs("9/3x64", 2, rows=4) == pytest.approx(32.0)
+    assert cal.attention_gbs("9/3x64", 2, rows=2) == pytest.approx(24.0)
+    assert cal.attention_gbs("9/3x64", 2, rows=16) == pytest.approx(32.0), "flat beyond 4 rows"
+    assert cal.attention_gbs("12/2x128", 2) is None
+    assert Calibration(attention_stream_gbs={"s": {"2": 20.0}}).attention_gbs("s", 2, rows=4) == 20.0
+    assert cal.work_scale("m", 1, 1) == pytest.approx(1.2) and cal.work_scale("m", 2, 4) == pytest.approx(0.6)
+    assert cal.work_scale("m", 2, 3) == pytest.approx(1.1 + (0.6 - 1.1) * 2 / 3)
+    assert cal.work_scale("m", 8, 1) == pytest.approx(1.1), "flat beyond the measured cores, as a factor"
+    assert cal.work_scale("other", 2, 1) == 1.0
+
+
+def test_work_factor_scales_the_weight_side_only():
+    m = load_topology("ci-2core")
+    w = qwen_1p5b(ctx=16384, concurrency=1)
+    base = make_plan(m, w, calibration=Calibration()).prediction
+    table = {f"{c}x{r}": 2.0 for c in (1, 2) for r in (1, 4)}
+    fed = make_plan(m, w, calibration=Calibration(work_factor={w.name: table})).prediction
+    host = base.terms["step_overhead"]
+    weight_side = base.tpot_s - base.attention_s - host
+    assert base.attention_s > 0.3 * base.tpot_s
+    assert fed.tpot_s == pytest.approx(base.tpot_s + weight_side, rel=0.02)
+    assert fed.attention_s == pytest.approx(base.attention_s, rel=0.02)
+
+
+def test_attention_part_is_what_the_context_adds():
+    m = load_topology("ci-2core")
+    short = make_plan(m, qwen_1p5b(ctx=1, concurrency=4), calibration=Calibration()).prediction
+    for ctx in (4096, 16384, 32768):
+        p = make_plan(m, qwen_1p5b(ctx=ctx, concurrency=4), calibration=Calibration()).prediction
+        assert 0 < p.attention_s < p.tpot_s
+        # the rest is the step without context: no KV streamed, no DRAM floor from it
+        assert p.tpot_s - p.attention_s == pytest.approx(short.tpot_s, rel=0.35)
+
+
+def _observe(cal, w, plan, a, b):
+    """Record the TPOT a machine whose weight side runs a x and attention b x the model takes."""
+    p = plan.prediction
+    cal.record(workload_key(w, plan.threads), plan.shape, plan.label, plan.kind, p.model_s,
+               a * (p.model_s - p.attention_s) + b * p.attention_s, p.attention_s)
+
+
+def test_feedback_fits_the_weight_and_attention_parts():
+    """Observations at some contexts of one model and concurrency predict another context of
+    it (per part: weight side a, attention b); an observed workload predicts itself; other
+    concurrencies and models get no correction."""
+    m = load_topology("ci-2core")
+    cal = Calibration()
+    for ctx in (64, 4096, 16384):
+        w = qwen_1p5b(ctx=ctx, concurrency=4)
+        _observe(cal, w, make_plan(m, w, calibration=Calibration()), 0.9, 0.7)
+    w = qwen_1p5b(ctx=8192, concurrency=4)
+    plan = make_plan(m, w, calibration=Calibration())
+    a, b = cal.feedback(workload_key(w, plan.threads), plan.shape)
+    assert a == pytest.approx(0.9, abs=0.03) and b == pytest.approx(0.7, abs=0.05)
+    fed = make_plan(m, w, calibration=cal).prediction
+    p = plan.prediction
+    assert fed.tpot_s == pytest.approx(0.9 * (p.model_s - p.attention_s) + 0.7 * p.attention_s, rel=0.03)
+    assert fed.terms["feedback"] < 0 and sum(fed.terms.values()) == pytest.approx(fed.tpot_s)
+    w16 = qwen_1p5b(ctx=16384, concurrency=4)
+    seen = make_plan(m, w16, calibration=cal)
+    expect = 0.9 * (seen.prediction.model_s - seen.prediction.attention_s) + 0.7 * seen.prediction.attention_s
+    assert seen.prediction.tpot_s == pytest.approx(expect)
+    w1 = qwen_1p5b(ctx=8192, concurrency=1)
+    one = make_plan(m, w1, calibration=cal)
+    assert cal.feedback(workload_key(w1, one.threads), one.shape) == (1.0, 1.0)
+    assert one.prediction.tpot_s == pytest.approx(one.prediction.model_s)
+
+
+def test_decode_step_calibration_fills_rates_and_factors(tmp_path, monkeypatch):
+    """The in-step calibration on a tiny model, one core: work factors for 1 and 4 rows and
+    streamed attention rates of its head shape, within their clamps and positive."""
+    from tiny_models import isolated_runtime, write_tiny_model
+
+    from llcinfer.engine import calibrate
+    from llcinfer.engine.transformer import Transformer
+    from llcinfer.model.gguf_file import GGUFFile
+    from llcinfer.planner import detect_machine
+
+    with isolated_runtime(tmp_path):
+        path = write_tiny_model(tmp_path / "t.gguf", n_ctx=1024)
+        model = Transformer(GGUFFile(path))
+        m = detect_machine(probe=False)
+        monkeypatch.setattr(calibrate, "STREAM_MIN_CTX", 256)
+        monkeypatch.setattr(calibrate, "STEP_TOKENS", 2)
+        cal = Calibration()
+        note = calibrate._decode_step(cal, model, m, m.physical_cores()[:1], llc=1 << 14)
+        name = workload_key(calibrate.workload_from_model(model, ctx=16), 1).split("|")[0]
+        assert set(cal.work_factor[name]) == {"1x1", "1x4"} and "work factor" in note
+        assert all(0.25 <= f <= 4.0 for f in cal.work_factor[name].values())
+        shape = calibrate.attention_shape(model.config)
+        assert set(cal.attention_stream_gbs) == {shape, f"{shape}@4"}
+        assert all(g > 0 for t in cal.attention_stream_gbs.values() for g in t.values())

@@ -7,11 +7,17 @@ for this model, printing one progress line per item, and saves it:
 
   bandwidth    the read-bandwidth curve with every core count a domain can get (hw/probe.py)
   attention    decode attention over an f16 paged KV of this model's head shape: flops per
-               core with the KV in cache, and GB/s with a KV larger than the LLC, per core count
+               core with the KV in cache (the kernel alone, one core)
   matmul <q>   for each weight type of this model: unpack / MAC rates per core (a slice in L2,
                1 and 4 activation rows) and GB/s streaming every matrix of that type from DRAM
                with one and with four activation rows, per core count
   step         the executor's host-side cost per step outside its workers (1 and 4 sequences)
+  decode step  the executor's own decode step of this model on a shared domain of one core
+               and of all, with 1 and 4 sequences: at 16 tokens of context (the model's
+               prediction of it over the measured time is the work factor of its weight side)
+               and at a context whose KV is several times the LLC and half the weights (the
+               difference is the streamed attention rate, with whatever it costs the rest
+               of the step)
 """
 
 from __future__ import annotations
@@ -32,10 +38,18 @@ from ..kernels.simd import make_tag
 from ..kernels.tables import F16_TO_F32
 from ..kernels.vnni_matmul import vnni_matmul_table
 from ..kv import PagedSequence, new_pool
+from ..planner.bandwidth import Rates
 from ..planner.calibration import Calibration, cache_key
 from ..planner.candidates import budget_cores, sensible_k
+from ..planner.cost import predict
+from ..planner.plan import Domain, build
+from ..planner.workload import workload_from_model
+from .placement import domains_from_plan
+from .plan_check import measure_alternating
 
 STREAM_MIN_BYTES = 3  # a streamed working set is at least this many times the LLC
+STEP_TOKENS, STEP_REPS = 8, 3  # decode steps timed per repetition, repetitions (median)
+STREAM_MIN_CTX = 4096  # shorter rows read their KV less efficiently (more, smaller splits)
 
 
 def _log(msg: str) -> None:
@@ -66,13 +80,16 @@ def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration
     if m.bandwidth_source == "estimated" or not {int(t) for _, t, _ in m.bandwidth} >= set(counts):
         todo.append(("bandwidth", lambda: _bandwidth(m, counts)))
     shape = attention_shape(model.config)
-    if shape not in cal.attention_stream_gbs:
-        todo.append((f"attention {shape}", lambda: _attention(cal, model.config, counts, llc)))
+    if shape not in cal.attention_flops:
+        todo.append((f"attention {shape}", lambda: _attention(cal, model.config)))
     lins = _matrices(model)
     for qt in sorted(q for q in {lin.qtype.name for lin in lins} if f"{q}@4" not in cal.matmul_stream_gbs):
         todo.append((f"matmul {qt}", lambda qt=qt: _matmul(cal, [x for x in lins if x.qtype.name == qt], counts, llc)))
     if "step" not in cal.measured:
         todo.append(("step", lambda: _step_overhead(cal, model, cores)))
+    name = workload_from_model(model, ctx=16).name
+    if name not in cal.work_factor or f"{shape}@4" not in cal.attention_stream_gbs:
+        todo.append((f"decode step {name}", lambda: _decode_step(cal, model, m, cores, llc)))
     if not todo:
         return cal
     log(f"calibrating this machine's kernels (once per machine and kernel version; "
@@ -111,45 +128,34 @@ def _best_time(fn, reps: int) -> float:
     return min(ts)
 
 
-def _attention(cal: Calibration, config, counts: list[int], llc: int) -> str:
-    """Flops/s per core (KV of one layer at ctx 2048, in cache) and GB/s per core count
-    over a KV of several layers larger than the LLC, the layers read in turn."""
+def _attention(cal: Calibration, config) -> str:
+    """Flops/s per core of the attention kernel alone over one layer's KV at ctx 2048 (in
+    cache), on one core."""
     H, KVH, D = config.n_head, config.n_kv_head, config.head_dim
-    per_layer_ctx = 8192
-    tok_bytes = 2 * KVH * D * 2  # K and V, f16
-    n_layer = max(2, -(-STREAM_MIN_BYTES * llc // (per_layer_ctx * tok_bytes)))
-    pool, _ = new_pool(n_layer, KVH, D, per_layer_ctx + 1, 1, "f16", 16, 1 << 40, False)
-    seq = PagedSequence(pool, per_layer_ctx + 1)
+    ctx = 2048
+    pool, _ = new_pool(1, KVH, D, ctx + 1, 1, "f16", 16, 1 << 40, False)
+    seq = PagedSequence(pool, ctx + 1)
     rng = np.random.default_rng(0)
-    kv = rng.standard_normal((per_layer_ctx, KVH, D)).astype(np.float32)  # [token, kv_head, D]
-    for layer in range(n_layer):
-        seq.store(layer, 0, kv, kv)
-    seq.n_tokens = per_layer_ctx
+    kv = rng.standard_normal((ctx, KVH, D)).astype(np.float32)  # [token, kv_head, D]
+    seq.store(0, 0, kv, kv)
+    seq.n_tokens = ctx
     q = rng.standard_normal((1, H, D)).astype(np.float32)  # [1, H, D]
-    out = np.empty_like(q)
+    out = np.empty_like(q)  # [1, H, D]
     table = seq.table[:seq.n_blocks]
     scale = np.float32(D ** -0.5)
 
-    def run(layers, ctx, threads):
-        for layer in layers:
+    def run():
+        for _ in range(8):
             paged_attention(q, pool.data, pool.data_f32, F16_TO_F32, pool.kind, pool.group, pool.scale_offset,
-                            table, layer, KVH, 16, ctx - 1, scale, out, threads=threads)
+                            table, 0, KVH, 16, ctx - 1, scale, out, threads=1)
 
     try:
         set_threads(1)
-        small = 2048
-        t = _best_time(lambda: run([0] * 8, small, 1), 5) / 8
-        cal.attention_flops_per_core = 4.0 * H * D * small / t
-        gbs = {}
-        for n in counts:
-            set_threads(n)
-            t = _best_time(lambda n=n: run(range(n_layer), per_layer_ctx, n), 3)
-            gbs[str(n)] = round(n_layer * per_layer_ctx * tok_bytes / t / 1e9, 2)
-        cal.attention_stream_gbs[attention_shape(config)] = gbs
+        flops = 4.0 * H * D * ctx / (_best_time(run, 5) / 8)
+        cal.attention_flops[attention_shape(config)] = flops
     finally:
         seq.free()
-    return (f"{cal.attention_flops_per_core / 1e9:.1f} GFLOP/s per core in cache; streamed "
-            + ", ".join(f"{n} core{'s' if int(n) > 1 else ''} {g:.1f} GB/s" for n, g in gbs.items()))
+    return f"{flops / 1e9:.1f} GFLOP/s per core in cache"
 
 
 def _matrices(model) -> list:
@@ -250,3 +256,41 @@ def _step_overhead(cal: Calibration, model, cores: list[int]) -> str:
     cal.step_overhead_seq_ns = max(0.0, (out[4] - out[1]) / 3)
     cal.step_overhead_ns = max(0.0, out[1] - cal.step_overhead_seq_ns)
     return f"{cal.step_overhead_ns / 1e3:.0f} us + {cal.step_overhead_seq_ns / 1e3:.0f} us per sequence"
+
+
+def _decode_step(cal: Calibration, model, m: Machine, cores: list[int], llc: int) -> str:
+    """The executor's decode step on a shared domain of 1 and of all ``cores``, with 1 and 4
+    sequences, at 16 tokens of context and at a long one: the work factors of this model
+    (measured / predicted at 16 tokens) and the streamed attention rates of its head shape
+    (KV bytes of the difference / the difference in time)."""
+    config = model.config
+    w16 = workload_from_model(model, ctx=16)
+    everything = list(range(config.n_layer))
+    tok_bytes = w16.kv_bytes_per_token_layer * config.n_layer  # K and V of one token, all layers
+    stream_bytes = max(STREAM_MIN_BYTES * llc, w16.layer_weight_bytes // 2)
+    rates = Rates(m)
+    shape = attention_shape(config)
+    cal.work_factor.pop(w16.name, None)
+    factors, gbs = {}, {1: {}, 4: {}}
+    for n in sorted({1, len(cores)}):
+        for rows in (1, 4):
+            w = w16.with_(concurrency=rows)
+            plan = build(m, w, [Domain("shared", "shared", cores[:n], layers=everything)], "shared",
+                         f"shared: {n} cores", rates, cal)
+            dom = domains_from_plan(plan, config)
+            ctx = max(STREAM_MIN_CTX, -(-stream_bytes // (tok_bytes * rows * 16)) * 16)
+            short, long = (r["tpot_s"] for r in measure_alternating(model, [(dom, 16, rows), (dom, ctx, rows)],
+                                                                    n_tokens=STEP_TOKENS, reps=STEP_REPS))
+            gbs[rows][str(n)] = round(rows * (ctx - 16) * tok_bytes / max(long - short, 1e-6) / 1e9, 2)
+            key = f"{n}x{rows}"
+            base = predict(plan, m, w, cal, rates).model_s
+            cal.work_factor[w16.name] = {key: 2.0}  # the prediction is linear in the factor
+            rest = predict(plan, m, w, cal, rates).model_s - base
+            cal.work_factor.pop(w16.name)
+            factors[key] = round(min(4.0, max(0.25, (short - base + rest) / rest)), 3) if rest > 0 else 1.0
+    cal.work_factor[w16.name] = factors
+    cal.attention_stream_gbs[shape] = gbs[1]
+    cal.attention_stream_gbs[f"{shape}@4"] = gbs[4]
+    return ("work factor " + ", ".join(f"{k} {v:.2f}" for k, v in factors.items()) + "; streamed attention "
+            + ", ".join(f"{n} core{'s' if int(n) > 1 else ''} {g:.1f}/{gbs[4][n]:.1f} GB/s (1/4 rows)"
+                        for n, g in gbs[1].items()))

@@ -1,7 +1,9 @@
 """Timing plans on the executor: ``measure_tpot`` (a plan's decode TPOT at a context and
-concurrency, on written KV) and ``check_plan``, the closed loop at start-up: the chosen
-plan and the best runner-up of the other kind are timed for a few steps each and the
-faster is kept (planner/closed_loop.py decides and records).
+concurrency, on written KV), ``measure_alternating`` (several set-ups timed in turn, A B
+A B, so a noisy host's slow moments fall on all of them) and ``check_plan``, the closed
+loop at start-up: the chosen plan and the best runner-up of the other kind are timed in
+turn for a few steps each and the faster is kept (planner/closed_loop.py decides and
+records).
 """
 
 from __future__ import annotations
@@ -15,55 +17,100 @@ import numpy as np
 from ..executor import DecodeExecutor, Domains
 from ..kv import PagedSequence
 from ..planner.calibration import Calibration, cache_key
-from ..planner.closed_loop import close_loop
+from ..planner.closed_loop import close_loop, other_kind
 from ..weights.repack_cache import wait_loaded
 from .placement import domains_from_plan
 
 CHECK_KV_BYTES = 2 << 30  # the start-up check skips contexts whose KV would commit more
+SWITCH_PAUSE_S = 0.01  # longer than a serving worker waits for the next step (workers.IDLE_CYCLES)
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def measure_tpot(model, domains: Domains, ctx: int, concurrency: int, n_tokens: int = 16, reps: int = 5) -> dict:
-    """Decode TPOT of the executor under ``domains``: each of ``concurrency`` sequences holds
-    ``ctx`` tokens of written K/V (ones: attention costs the same whatever the values, and
-    written pages are read from memory, not from the kernel's zero page), then ``n_tokens``
-    steps of one token per sequence run, the sequences rolled back before each of ``reps``
-    repetitions.  {'tpot_s': median step time, 'steps_s': [per repetition], 'tokens_per_s'}"""
-    ex = DecodeExecutor(model, domains)
-    n_ctx = ctx + n_tokens + 1
-    pool, _ = model.new_pool(n_ctx, concurrency, prefix_sharing=False)
-    seqs = [PagedSequence(pool, n_ctx, None, f"s{i}") for i in range(concurrency)]
-    rng = np.random.default_rng(0)
-    try:
-        for s in seqs:
+class _StepBench:
+    """An executor under ``domains`` with ``concurrency`` sequences holding ``ctx`` tokens of
+    written K/V (ones: attention costs the same whatever the values, and written pages are
+    read from memory, not from the kernel's zero page), warmed by one step."""
+
+    def __init__(self, model, domains: Domains, ctx: int, concurrency: int, n_tokens: int):
+        self.ctx = ctx
+        self.ex = DecodeExecutor(model, domains)
+        n_ctx = ctx + n_tokens + 1
+        pool, _ = model.new_pool(n_ctx, concurrency, prefix_sharing=False)
+        self.seqs = [PagedSequence(pool, n_ctx, None, f"s{i}") for i in range(concurrency)]
+        for s in self.seqs:
             s.n_tokens = ctx
             pool.fill(s.table[:s.n_blocks])  # commit and write every block
-        toks = rng.integers(0, model.config.vocab_size, concurrency).tolist()
-        ex.step(seqs, toks)  # warm: compile, first touch of the new blocks
-        wait_loaded()  # and the weights on 2 MiB pages: the steady state
-        per_rep = []
-        for _ in range(reps):
-            for s in seqs:
-                s.truncate(ctx)
-            t0 = time.perf_counter()
-            for _ in range(n_tokens):
-                ex.step(seqs, toks)
-            per_rep.append((time.perf_counter() - t0) / n_tokens)
-    finally:
-        for s in seqs:
+        self.toks = np.random.default_rng(0).integers(0, model.config.vocab_size, concurrency).tolist()
+        self.ex.step(self.seqs, self.toks)  # warm: compile, first touch of the new blocks
+
+    def seconds_per_step(self, n_tokens: int) -> float:
+        """``n_tokens`` steps of one token per sequence from ``ctx``: mean seconds per step."""
+        for s in self.seqs:
+            s.truncate(self.ctx)
+        t0 = time.perf_counter()
+        for _ in range(n_tokens):
+            self.ex.step(self.seqs, self.toks)
+        return (time.perf_counter() - t0) / n_tokens
+
+    def close(self) -> None:
+        for s in self.seqs:
             s.free()
-        ex.close()
-    tpot = statistics.median(per_rep)
-    return {"tpot_s": tpot, "steps_s": per_rep, "tokens_per_s": concurrency / tpot}
+        self.ex.close()
 
 
-def plan_timer(model, ctx: int, concurrency: int, n_tokens: int, reps: int):
-    """timer(plan) -> seconds per step, for ``close_loop``."""
-    return lambda p: measure_tpot(model, domains_from_plan(p, model.config), ctx, concurrency, n_tokens,
-                                  reps)["tpot_s"]
+def measure_alternating(model, layouts: list, n_tokens: int = 16, reps: int = 5) -> list[dict]:
+    """Decode TPOT of several executor set-ups, each (domains, ctx, concurrency), timed in
+    turn (A B A B ...) so that all see the same moments of a noisy host: per set-up,
+    {'tpot_s': median over ``reps`` repetitions of ``n_tokens`` steps, 'steps_s': [per
+    repetition], 'tokens_per_s'}.  Between set-ups the idle one's workers are given time to
+    stop waiting for a step (they would take its cores)."""
+    benches = []
+    try:
+        for domains, ctx, concurrency in layouts:
+            benches.append(_StepBench(model, domains, ctx, concurrency, n_tokens))
+        wait_loaded()  # the weights on 2 MiB pages: the steady state
+        per_rep = [[] for _ in benches]
+        for _ in range(reps):
+            for i, bench in enumerate(benches):
+                if len(benches) > 1:
+                    time.sleep(SWITCH_PAUSE_S)
+                per_rep[i].append(bench.seconds_per_step(n_tokens))
+    finally:
+        for bench in benches:
+            bench.close()
+    out = []
+    for (_, _, concurrency), steps in zip(layouts, per_rep):
+        tpot = statistics.median(steps)
+        out.append({"tpot_s": tpot, "steps_s": steps, "tokens_per_s": concurrency / tpot})
+    return out
+
+
+def measure_tpot(model, domains: Domains, ctx: int, concurrency: int, n_tokens: int = 16, reps: int = 5) -> dict:
+    """Decode TPOT of the executor under ``domains`` at ``ctx`` tokens of written K/V per
+    sequence (``measure_alternating`` of one set-up)."""
+    return measure_alternating(model, [(domains, ctx, concurrency)], n_tokens, reps)[0]
+
+
+def plan_timer(model, plans: list, ctx: int, concurrency: int, n_tokens: int, reps: int):
+    """timer(plan) -> seconds per step, for ``close_loop``: the first call times all of
+    ``plans`` in turn (``measure_alternating``), later calls look their result up; a plan
+    not among them is timed alone."""
+    measured = {}
+
+    def timer(p) -> float:
+        if not measured and plans:
+            got = measure_alternating(model, [(domains_from_plan(q, model.config), ctx, concurrency) for q in plans],
+                                      n_tokens, reps)
+            measured.update({q.label: g["tpot_s"] for q, g in zip(plans, got)})
+        if p.label not in measured:
+            measured[p.label] = measure_tpot(model, domains_from_plan(p, model.config), ctx, concurrency, n_tokens,
+                                             reps)["tpot_s"]
+        return measured[p.label]
+
+    return timer
 
 
 def check_plan(model, plan, machine, cal: Calibration, workload, n_tokens: int = 4, reps: int = 3,
@@ -75,7 +122,8 @@ def check_plan(model, plan, machine, cal: Calibration, workload, n_tokens: int =
         log(f"plan check skipped: {workload.kv_bytes_per_step / 2**30:.1f} GiB of KV at ctx {workload.ctx}")
         return plan
     t0 = time.perf_counter()
-    timer = plan_timer(model, workload.ctx, workload.concurrency, n_tokens, reps)
+    todo = [p for p in (plan, other_kind(plan)) if p is not None and p.observed is None]
+    timer = plan_timer(model, todo, workload.ctx, workload.concurrency, n_tokens, reps)
     best, measured = close_loop(plan, workload, cal, timer, reuse=True)
     dt = time.perf_counter() - t0
     cal.note_measured("plan check", dt)

@@ -1,13 +1,13 @@
 """The per-machine calibration of the TPOT model: rates and costs measured on this machine
-with this kernel version, the TPOTs observed for the plans that ran, and the correction
-those observations feed back into the predictions.
+with this kernel version, and the TPOTs observed for the plans that ran, which feed back
+into the predictions (``feedback``).
 
 Where it lives: ``$LLCINFER_HOME/machine/calibration-<cache_key>.json``; ``cache_key``
 joins the machine's identity (``Machine.key()``: CPU model, family / model, ISA flags,
-core count, caches) and the kernel version (``jit.kernel_version()``, the hash of every
-kernel source), so a new CPU or an edited kernel starts from defaults and is measured
-again.  The planner only reads these numbers; engine/calibrate.py measures the rates and
-engine/plan_check.py the plans' TPOTs.
+core count, caches), the kernel version (``jit.kernel_version()``, the hash of every
+kernel source) and ``METHOD_VERSION``, so a new CPU, an edited kernel or a new way of
+measuring starts from defaults and is measured again.  The planner only reads these
+numbers; engine/calibrate.py measures the rates and engine/plan_check.py the plans' TPOTs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field, fields
 from .. import jit, paths
 from ..hw.machine import Machine
 
-FEEDBACK_WINDOW = 16  # observations per plan shape the correction is the median of
+OBSERVED_MAX = 256  # observations kept, the latest
+FEEDBACK_RIDGE = 0.1  # pull of the fitted per-part factors towards 1 (``Calibration.feedback``)
+METHOD_VERSION = 2  # what is measured and how (engine/calibrate.py): part of the cache key
 
 @dataclass
 class Calibration:
@@ -38,7 +40,8 @@ class Calibration:
     """int8 multiply-accumulates per second one core adds per sequence of the micro-batch."""
     attention_flops_per_core: float = 10e9
     """flops per second per core for decode attention over f16 K/V (q.k, softmax, p.v;
-    the paged kernel measured 9.3e9 on one core, ctx 8192, 12/2 heads x 128, 2026-11-30)."""
+    the paged kernel measured 9.3e9 on one core, ctx 8192, 12/2 heads x 128, 2026-11-30);
+    ``attention_flops`` replaces it for a measured head shape."""
     small_op_ns: float = 300.0
     """one small operator (rms norm, rope + KV append, embedding row, swiglu tail) per
     micro-batch, in ns."""
@@ -92,17 +95,28 @@ class Calibration:
     matmul_compute: dict = field(default_factory=dict)
     """{weight type: [unpack weights/s, int8 MACs/s]} per core, from L2-resident matrices at
     1 and 4 activation rows; replaces ``unpack_weights_per_core`` / ``matmul_macs_per_core``."""
+    attention_flops: dict = field(default_factory=dict)
+    """{head shape 'H/KVHxD': flops/s per core}: the paged attention kernel over an f16 KV in
+    cache on one core; replaces ``attention_flops_per_core`` for that shape."""
     attention_stream_gbs: dict = field(default_factory=dict)
-    """{head shape 'H/KVHxD': {threads: GB/s}}: the paged attention kernel reading an f16 KV
-    larger than the LLC on that many cores; replaces the curve's DRAM rate for streamed KV."""
+    """{head shape 'H/KVHxD': {cores: GB/s}}: KV bytes per second the executor's attention
+    reads when the KV is several times the LLC, one row per sequence, on a shared domain of
+    that many cores (measured in the decode step: the step's time at a long context less
+    its time at 16 tokens, so what streaming KV costs the rest of the step counts too);
+    '<shape>@4': the same with four sequences.  Replaces the curve's DRAM rate for
+    streamed KV."""
+    work_factor: dict = field(default_factory=dict)
+    """{workload name: {'<cores>x<rows>': factor}}: the executor's decode step at 16 tokens of
+    context on a shared domain of that many cores with that many sequences, measured, over
+    the model's prediction of it; scales the weight-side work (matmuls, small operators,
+    hand-offs inside a domain) of that model's plans.  Rows 1 and 4 are measured, the
+    rest interpolated."""
     measured: dict = field(default_factory=dict)
     """what was measured: {item: {'seconds': cost, 'when': ISO time}}."""
     observed: list = field(default_factory=list)
     """TPOTs measured for plans (engine/plan_check.py): dicts with workload, shape,
-    label, kind, predicted_s (before correction), measured_s, when."""
-    correction: dict = field(default_factory=dict)
-    """{plan shape: factor}: median of measured / predicted over the last
-    ``FEEDBACK_WINDOW`` observations of plans of that shape (``record``)."""
+    label, kind, predicted_s (the model's, before feedback), attention_s (its attention
+    part), measured_s, when; the latest ``OBSERVED_MAX``."""
 
     def handoff_s(self, m: Machine, producers, consumers, mode: str = "handoff") -> float:
         """Seconds for one hand-off (or barrier) from ``producers`` to ``consumers``."""
@@ -133,19 +147,60 @@ class Calibration:
         (linear between measured core counts, flat beyond the last); None if not measured."""
         return _interp(self.matmul_stream_gbs.get(qtype), threads)
 
-    def attention_gbs(self, shape: str, threads: int) -> float | None:
-        """Measured GB/s of attention of head shape ``shape`` ('H/KVH xD') over a streamed
-        KV on ``threads`` cores; None if not measured."""
-        return _interp(self.attention_stream_gbs.get(shape), threads)
+    def attention_gbs(self, shape: str, threads: int, rows: int = 1) -> float | None:
+        """Measured GB/s of attention of head shape ``shape`` ('H/KVHxD') over a streamed
+        KV on ``threads`` cores with ``rows`` sequences per step (1 and 4 measured, linear
+        between); None if not measured."""
+        one = _interp(self.attention_stream_gbs.get(shape), threads)
+        four = _interp(self.attention_stream_gbs.get(f"{shape}@4"), threads)
+        return _rows_interp(one, four, rows)
+
+    def attention_flops_rate(self, shape: str) -> float:
+        """flops/s per core of attention of head shape ``shape`` over a KV in cache."""
+        return float(self.attention_flops.get(shape, self.attention_flops_per_core))
+
+    def work_scale(self, workload: str, cores: int, rows: int) -> float:
+        """The measured factor on the weight-side work of ``workload`` on a domain of
+        ``cores`` cores with ``rows`` sequences per micro-batch (1 when not measured)."""
+        table = self.work_factor.get(workload)
+        if not table:
+            return 1.0
+        by_rows = {}
+        for k, v in table.items():
+            c, r = k.split("x")
+            by_rows.setdefault(int(r), {})[c] = v
+        got = _rows_interp(_interp(by_rows.get(1), cores, proportional=False),
+                           _interp(by_rows.get(4), cores, proportional=False), rows)
+        return 1.0 if got is None else got
 
     def unpack_macs(self, qtype: str) -> tuple[float, float]:
         """(unpack weights/s, MACs/s) per core for ``qtype`` (the scalar defaults if not measured)."""
         got = self.matmul_compute.get(qtype)
         return (float(got[0]), float(got[1])) if got else (self.unpack_weights_per_core, self.matmul_macs_per_core)
 
-    def factor(self, shape: str) -> float:
-        """The fed-back correction for plans of ``shape`` (1 when nothing was observed)."""
-        return float(self.correction.get(shape, 1.0))
+    def feedback(self, workload: str, shape: str) -> tuple[float, float]:
+        """(factor on the weight-side part, factor on the attention part) of the model's TPOT
+        that the observations feed back for a plan of ``shape`` on ``workload`` (a
+        ``workload_key``):
+
+        - this workload observed with plans of this shape: their measured / predicted
+          (median) on both parts, so the prediction is what was measured;
+        - else observations of this shape on the same model, KV type, threads and number of
+          sequences that carry their attention part: the ridge fit of measured = a * weight
+          part + b * attention part in relative error, pulled towards 1 by
+          ``FEEDBACK_RIDGE``;
+        - else none (1, 1): another number of sequences or another model errs differently
+          (measured: carrying a 1-sequence error over to 4 sequences made it worse)."""
+        same = [o for o in self.observed if o.get("shape") == shape and o.get("predicted_s", 0) > 0
+                and o.get("measured_s", 0) > 0]
+        exact = [o["measured_s"] / o["predicted_s"] for o in same if o.get("workload") == workload]
+        if exact:
+            r = _median(exact)
+            return r, r
+        name, ctx, conc, rest = _split_key(workload)
+        kin = [o for o in same if "attention_s" in o and _split_key(o.get("workload", ""))[::3] == (name, rest)]
+        kin = [o for o in kin if _split_key(o["workload"])[2] == conc]
+        return _ridge_fit(kin) if kin else (1.0, 1.0)
 
     # -- persistence ---------------------------------------------------------------------
 
@@ -189,17 +244,16 @@ class Calibration:
     # -- feedback ------------------------------------------------------------------------
 
     def record(self, workload: str, shape: str, label: str, kind: str, predicted_s: float,
-               measured_s: float) -> dict:
-        """Add one observation (``predicted_s``: the model's TPOT before correction) and
-        recompute the correction of ``shape``; returns the observation."""
+               measured_s: float, attention_s: float | None = None) -> dict:
+        """Add one observation (``predicted_s``: the model's TPOT before feedback,
+        ``attention_s`` its attention part); returns the observation."""
         obs = {"workload": workload, "shape": shape, "label": label, "kind": kind,
                "predicted_s": float(predicted_s), "measured_s": float(measured_s),
                "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if attention_s is not None:
+            obs["attention_s"] = float(min(max(attention_s, 0.0), predicted_s))
         self.observed = [o for o in self.observed if (o.get("workload"), o.get("label")) != (workload, label)]
-        self.observed.append(obs)
-        ratios = [o["measured_s"] / o["predicted_s"] for o in self.observed
-                  if o.get("shape") == shape and o.get("predicted_s", 0) > 0][-FEEDBACK_WINDOW:]
-        self.correction[shape] = _median(ratios)
+        self.observed = (self.observed + [obs])[-OBSERVED_MAX:]
         return obs
 
     def observation(self, workload: str, label: str) -> dict | None:
@@ -212,8 +266,33 @@ class Calibration:
 
 
 def cache_key(m: Machine) -> str:
-    """The calibration's cache key: machine identity and kernel version."""
-    return f"{m.key()}-k{jit.kernel_version()}"
+    """The calibration's cache key: machine identity, kernel version and the version of the
+    measuring method."""
+    return f"{m.key()}-k{jit.kernel_version()}-m{METHOD_VERSION}"
+
+
+def _split_key(key: str) -> tuple[str, str, str, str]:
+    """(model, 'ctxN', 'xN', the rest) of a ``workload_key`` 'model|ctxN|xN|kvN|tN'."""
+    parts = key.split("|")
+    return (parts[0], parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "",
+            "|".join(parts[3:]))
+
+
+def _ridge_fit(obs: list[dict]) -> tuple[float, float]:
+    """(a, b) minimising sum ((M - a W - b A) / M)^2 + FEEDBACK_RIDGE ((a - 1)^2 + (b - 1)^2)
+    over observations (M measured, A the attention part, W the rest of the prediction),
+    each clamped to [0.25, 4]."""
+    lam = FEEDBACK_RIDGE
+    sxx = sxy = syy = sx = sy = 0.0
+    for o in obs:
+        m = o["measured_s"]
+        x, y = (o["predicted_s"] - o["attention_s"]) / m, o["attention_s"] / m
+        sxx, sxy, syy, sx, sy = sxx + x * x, sxy + x * y, syy + y * y, sx + x, sy + y
+    # normal equations: [sxx + lam, sxy; sxy, syy + lam] [a; b] = [sx + lam; sy + lam]
+    det = (sxx + lam) * (syy + lam) - sxy * sxy
+    a = ((sx + lam) * (syy + lam) - sxy * (sy + lam)) / det
+    b = ((sxx + lam) * (sy + lam) - sxy * (sx + lam)) / det
+    return min(4.0, max(0.25, a)), min(4.0, max(0.25, b))
 
 
 def _median(xs: list[float]) -> float:
@@ -222,14 +301,23 @@ def _median(xs: list[float]) -> float:
     return xs[k // 2] if k % 2 else 0.5 * (xs[k // 2 - 1] + xs[k // 2])
 
 
-def _interp(table: dict | None, threads: int) -> float | None:
-    """Linear in the core count between measured points, flat outside them."""
+def _interp(table: dict | None, threads: int, proportional: bool = True) -> float | None:
+    """Linear in the core count between measured points, flat beyond the last; below the
+    first, in proportion to the cores (a rate) or flat (``proportional=False``: a factor)."""
     if not table:
         return None
     pts = sorted((int(t), float(g)) for t, g in table.items())
     if threads <= pts[0][0]:
-        return pts[0][1] * (threads / pts[0][0] if threads < pts[0][0] else 1.0)
+        return pts[0][1] * (threads / pts[0][0] if threads < pts[0][0] and proportional else 1.0)
     for (t0, g0), (t1, g1) in zip(pts, pts[1:]):
         if threads <= t1:
             return g0 + (g1 - g0) * (threads - t0) / (t1 - t0)
     return pts[-1][1]
+
+
+def _rows_interp(one: float | None, four: float | None, rows: int) -> float | None:
+    """A value measured at 1 and 4 rows at ``rows`` rows: linear between, the 4-row value
+    beyond; whichever exists when only one does."""
+    if one is None or four is None:
+        return four if one is None else one
+    return one + (four - one) * (min(max(rows, 1), 4) - 1) / 3

@@ -10,7 +10,7 @@ from .calibration import Calibration, cache_key
 from .candidates import budget_cores, layouts
 from .cost import predict
 from .plan import Plan, build
-from .workload import Workload
+from .workload import Workload, workload_key
 
 
 def make_plan(machine: Machine, workload: Workload, threads: int | None = None,
@@ -43,7 +43,3 @@ def make_plan(machine: Machine, workload: Workload, threads: int | None = None,
     best.runners_up = runners[:n_runners_up]
     return best
 
-
-def workload_key(w: Workload, threads: int) -> str:
-    """How observations name a workload: model, context, sequences, KV bits, threads."""
-    return f"{w.name}|ctx{w.ctx}|x{w.concurrency}|kv{8 * w.kv_itemsize}|t{threads}"

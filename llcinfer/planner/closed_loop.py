@@ -3,8 +3,8 @@
 ``close_loop`` times the chosen plan and the best runner-up of the other kind (shared vs
 split) with a timer it is given (engine/plan_check.py runs the executor; tests pass a
 synthetic machine), keeps the faster, and records both measured TPOTs next to the model's
-predictions in the calibration, whose per-shape correction then feeds into every later
-prediction (``Calibration.record``, ``Calibration.factor``).  The planner itself never
+predictions (and their attention parts) in the calibration, from which every later
+prediction takes its fed-back factors (``Calibration.record``, ``Calibration.feedback``).  The planner itself never
 times anything.
 """
 
@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Callable
 
 from .calibration import Calibration
-from .choose import workload_key
 from .plan import Plan
-from .workload import Workload
+from .workload import Workload, workload_key
 
 
 def other_kind(plan: Plan) -> Plan | None:
@@ -39,7 +38,7 @@ def close_loop(plan: Plan, workload: Workload, cal: Calibration, timer: Callable
             continue
         measured[p.label] = float(timer(p))
         p.observed = cal.record(key, p.shape, p.label, p.kind, p.prediction.model_s or p.prediction.tpot_s,
-                                measured[p.label])
+                                measured[p.label], p.prediction.attention_s)
     best = min(contenders, key=lambda p: measured[p.label])
     if best is not plan:
         best.runners_up = [plan] + [r for r in plan.runners_up if r is not best]

@@ -9,6 +9,11 @@ Per micro-batch of b sequences, every domain's busy time is a sum over its opera
     attention max(KV bytes / bw(level of the KV), flops / attention rate) + one small op (rope, append)
     norms    small_op_ns each
 
+The weight-side work of a domain (matmuls, norms, its inner hand-offs) is scaled by the
+factor measured for this model's decode step on that many cores and rows
+(``Calibration.work_scale``); streamed KV goes at the rate measured in the step
+(``Calibration.attention_gbs``), which bounds the attention's compute term too.
+
 Weights are read at the level where their group lives (``Domain.resident_level``: L2, LLC,
 else DRAM).  Hand-offs (or barriers, for the operator-synchronised batched forward pass) are counted
 per layer: norm->qkv, qkv->attention, attention->wo, wo->gate_up, gate_up->down, plus
@@ -23,8 +28,9 @@ more the weight and attention domains work on different micro-batches at once.  
 TPOT >= all DRAM bytes of the step / the machine's DRAM rate, and the host's own cost per
 step (step_overhead_ns + sequences * step_overhead_seq_ns) is added.  Weights and KV read
 from DRAM go at the kernels' own measured streaming rates per core count where the
-calibration has them.  Last, the correction that observed TPOTs of plans of the same shape
-fed back (``Calibration.factor``) scales the result ('feedback' term).
+calibration has them.  Last, the observed TPOTs feed back (``Calibration.feedback``): the
+prediction splits into its attention part (what the step costs beyond the same step at one
+token of context) and the rest, each scaled by its fed-back factor ('feedback' term).
 
 Every constant is a field of ``Calibration`` (calibration.py: defaults are estimates;
 values measured on this machine with this kernel version replace them).
@@ -38,7 +44,7 @@ from dataclasses import dataclass, field
 from .bandwidth import Rates
 from .calibration import Calibration
 from ..hw.machine import Machine
-from .workload import MATMUL_TENSORS, Workload
+from .workload import MATMUL_TENSORS, Workload, workload_key
 
 
 @dataclass
@@ -59,7 +65,8 @@ class Prediction:
     bound: str = ""  # 'latency' | 'busy:<domain>' | 'dram'
     sync: str = "handoff"  # 'handoff' | 'barrier'
     busy: dict[str, float] = field(default_factory=dict)  # domain -> seconds of work per step
-    model_s: float = 0.0  # the model's TPOT before the fed-back correction ('feedback' term)
+    model_s: float = 0.0  # the model's TPOT before what observations feed back ('feedback' term)
+    attention_s: float = 0.0  # the part of model_s the context adds (attention and what it displaces)
 
 
 TERM_ORDER = ("weights_L2", "weights_LLC", "weights_DRAM", "matmul_compute", "tasks", "kv_LLC", "kv_DRAM",
@@ -67,11 +74,13 @@ TERM_ORDER = ("weights_L2", "weights_LLC", "weights_DRAM", "matmul_compute", "ta
 
 
 class _Acc:
-    """Busy seconds and term seconds of one resource for one micro-batch."""
+    """Busy seconds and term seconds of one resource for one micro-batch; ``scale`` is the
+    measured factor on its weight-side work (``Calibration.work_scale``)."""
 
-    def __init__(self):
+    def __init__(self, scale: float = 1.0):
         self.busy = 0.0
         self.terms: dict[str, float] = {}
+        self.scale = scale
 
     def add(self, term: str, s: float) -> None:
         self.terms[term] = self.terms.get(term, 0.0) + s
@@ -113,7 +122,9 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
         read += nbytes / (gbs * 1e9)
         unpack, macs = cal.unpack_macs(qtype)
         compute += n_weights * unpacks / (t_eff * unpack) + n_weights * b / (t_eff * macs)
-    over = tasks * cal.task_ns * 1e-9 / t_eff
+    f = acc.scale
+    read, compute = f * read, f * compute
+    over = f * tasks * cal.task_ns * 1e-9 / t_eff
     body = max(read, compute)
     # tiles are claimed dynamically: while the last tile runs, the other workers of the
     # domain wait on average half a tile (nothing when every worker gets one tile)
@@ -127,8 +138,9 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
 
 
 def _small(acc: _Acc, cal: Calibration, n: int = 1) -> None:
-    acc.add("small_ops", n * cal.small_op_ns * 1e-9)
-    acc.busy += n * cal.small_op_ns * 1e-9
+    dt = acc.scale * n * cal.small_op_ns * 1e-9
+    acc.add("small_ops", dt)
+    acc.busy += dt
 
 
 def _attention(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, dom, b) -> float:
@@ -136,10 +148,12 @@ def _attention(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, dom, b) -
     f_res = dom.kv_resident_fraction
     read_llc = kv * f_res / (rates.read_gbs("LLC", dom.cores) * 1e9)
     c = w.config
-    dram_gbs = (cal.attention_gbs(f"{c.n_head}/{c.n_kv_head}x{c.head_dim}", len(dom.cores))
-                or rates.read_gbs("DRAM", dom.cores))
-    read_dram = kv * (1 - f_res) / (dram_gbs * 1e9)
-    compute = w.attention_flops_layer * b / w.concurrency / (len(dom.cores) * cal.attention_flops_per_core)
+    shape = f"{c.n_head}/{c.n_kv_head}x{c.head_dim}"
+    stream_gbs = cal.attention_gbs(shape, len(dom.cores), b)  # measured in the step: compute included
+    read_dram = kv * (1 - f_res) / ((stream_gbs or rates.read_gbs("DRAM", dom.cores)) * 1e9)
+    compute = w.attention_flops_layer * b / w.concurrency / (len(dom.cores) * cal.attention_flops_rate(shape))
+    if stream_gbs:  # no slower than the measured stream rate, whose own compute it includes
+        compute = min(compute, kv / (stream_gbs * 1e9))
     acc.add("kv_LLC", read_llc)
     acc.add("kv_DRAM", read_dram)
     acc.add("attention_compute", compute)
@@ -156,7 +170,8 @@ def _pass(plan, m: Machine, w: Workload, cal: Calibration, rates: Rates, b: int,
     Per stage: the weight domain's operators, the attention of its layers (on the attention
     domain, or on the same cores in a shared stage), 3 hand-offs inside the weight domain
     and 2 to the attention domain and back per layer, one at the stage boundary."""
-    accs = {d.name: _Acc() for d in plan.domains}
+    accs = {d.name: _Acc(1.0 if d.role == "attention" else cal.work_scale(w.name, len(d.cores), b))
+            for d in plan.domains}
     weights = sorted((d for d in plan.domains if d.role in ("weights", "shared")), key=lambda d: d.stage)
     attn_dom = next((d for d in plan.domains if d.role == "attention"), None)
     latency = cross = 0.0
@@ -193,7 +208,7 @@ def _pass(plan, m: Machine, w: Workload, cal: Calibration, rates: Rates, b: int,
             _small(acc, cal)  # output norm
             _matmul(acc, w, cal, rates, wd.cores, 0, "lm_head", lvl.get("output", "DRAM"), wd.tiles["lm_head"], b)
             n_inner += 1
-        inner = n_inner * inner_one
+        inner = acc.scale * n_inner * inner_one
         acc.add(sync_term, inner)
         acc.busy += inner  # waiting on its own dependencies keeps the domain busy
         work = (acc.busy - w0) + (aacc.busy - a0 if ad is not wd else 0.0)
@@ -208,6 +223,20 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
     """TPOT of ``plan`` (domains with roles, cores, layers, resident levels, tiles)."""
     cal = cal or Calibration()
     rates = rates or Rates(m)
+    pred = _model(plan, m, w, cal, rates, sync)
+    # the attention part: what the step costs beyond the same step at one token of context
+    weight_s = _model(plan, m, w.with_(ctx=1), cal, rates, sync).tpot_s if w.ctx > 1 else pred.tpot_s
+    pred.attention_s = max(0.0, pred.tpot_s - weight_s)
+    a, b = cal.feedback(workload_key(w, plan.threads), plan.shape)
+    fed = a * (pred.tpot_s - pred.attention_s) + b * pred.attention_s
+    if (a, b) != (1.0, 1.0):  # what the TPOTs observed feed back
+        pred.terms["feedback"] = fed - pred.tpot_s
+        pred.tpot_s = fed
+    return pred
+
+
+def _model(plan, m: Machine, w: Workload, cal: Calibration, rates: Rates, sync: str) -> Prediction:
+    """The model's TPOT of ``plan`` before feedback (``model_s`` = ``tpot_s``)."""
     c = w.concurrency
     n_res = len(plan.domains)
     best = None
@@ -226,7 +255,7 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
         terms[sync_term] = terms.get(sync_term, 0.0) + cross
     else:  # the busiest domain, once per micro-batch
         terms = {k: mb * v for k, v in accs[bound.split(":", 1)[1]].terms.items()}
-    floor = _dram_bytes(plan, mb) / (rates.dram_total * 1e9)
+    floor = _dram_bytes(plan, mb, w) / (rates.dram_total * 1e9)
     if floor > tpot:
         terms["dram_contention"] = floor - tpot
         tpot, bound = floor, "dram"
@@ -235,14 +264,10 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
     tpot += host
     work = sum(v for k, v in terms.items() if k != "dram_contention")
     terms["overlap"] = min(0.0, tpot - terms.get("dram_contention", 0.0) - work)
-    model_s, factor = tpot, cal.factor(plan.shape)
-    if factor != 1.0:  # what the TPOTs observed for plans of this shape feed back
-        terms["feedback"] = tpot * (factor - 1.0)
-        tpot *= factor
     terms = {k: terms[k] for k in TERM_ORDER if k in terms}
     busy = {name: mb * a.busy for name, a in accs.items()}
     return Prediction(tpot_s=tpot, terms=terms, micro_batches=mb, bound=bound, sync=sync, busy=busy,
-                      model_s=model_s)
+                      model_s=tpot)
 
 
 def forward_seconds(plan, m: Machine, w: Workload, rows: int, cal: Calibration | None = None,
@@ -263,10 +288,13 @@ def _sum_terms(dicts) -> dict[str, float]:
     return out
 
 
-def _dram_bytes(plan, mb: int) -> float:
-    """Bytes one step reads from DRAM: streamed weights once per micro-batch, streamed KV once."""
+def _dram_bytes(plan, mb: int, w: Workload | None = None) -> float:
+    """Bytes one step reads from DRAM: streamed weights once per micro-batch, streamed KV
+    once (with ``w``: the streamed share of ``w``'s KV, not of the planned workload's)."""
+    kv_planned = plan.kv.get("bytes_per_step", 0)
+    kv_scale = w.kv_bytes_per_step / kv_planned if w is not None and kv_planned else 1.0
     total = 0.0
     for d in plan.domains:
         for group, nbytes in d.streamed:
-            total += nbytes if group == "kv" else mb * nbytes
+            total += nbytes * kv_scale if group == "kv" else mb * nbytes
     return total

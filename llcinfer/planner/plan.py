@@ -87,8 +87,8 @@ class Plan:
 
     @property
     def shape(self) -> str:
-        """Kind and core count per domain role, e.g. 'split:w1+a1', 'shared:s2' (the
-        feedback correction is kept per shape)."""
+        """Kind and core count per domain role, e.g. 'split:w1+a1', 'shared:s2' (observed
+        TPOTs feed back to plans of the same shape)."""
         doms = "+".join(f"{d.role[0]}{len(d.cores)}" for d in self.domains)
         return f"{self.kind}{'-stages' if self.stages > 1 else ''}:{doms}"
 

@@ -152,6 +152,11 @@ class Workload:
 KV_ITEMSIZE = {"f16": 2, "int8": 1, "f32": 4}
 
 
+def workload_key(w: Workload, threads: int) -> str:
+    """How observations name a workload: model, context, sequences, KV bits, threads."""
+    return f"{w.name}|ctx{w.ctx}|x{w.concurrency}|kv{8 * w.kv_itemsize}|t{threads}"
+
+
 def workload_from_gguf(path: str | os.PathLike, ctx: int = 4096, concurrency: int = 1,
                        kv_itemsize: int = 2, name: str | None = None) -> Workload:
     """The workload of a GGUF file from its header (tensor sizes and metadata only)."""

@@ -99,6 +99,16 @@ def kernel(fn):
     return numba.njit(**_COMMON)(fn)
 
 
+def ordered_kernel(fn):
+    """As ``kernel``, but its float sums keep the order the source gives them (no
+    reassociation, no FMA contraction).  With reassociation a reduction's order depends on
+    where LLVM compiles it: inlined into the executor's step kernel when numba compiles
+    both afresh, called as the cached object code otherwise, so the same row normed
+    the same way gave other bits in a second process (SmolLM2 greedy tokens on the
+    executor diverged from the batched pass's after 3 steps on an AVX2 host)."""
+    return numba.njit(**(_COMMON | {"fastmath": _FASTMATH - {"reassoc", "contract"}}))(fn)
+
+
 def inline_kernel(fn):
     """As ``kernel``, inlined into every caller by numba itself (``inline='always'``): for
     the per-block helpers of the hot loops, which LLVM's inliner otherwise leaves as calls

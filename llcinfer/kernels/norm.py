@@ -5,12 +5,14 @@
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import ordered_kernel
 
 
-@kernel
+@ordered_kernel
 def rms_norm(x, w, eps, y):
-    """x  # [M, K] f32;  w  # [K] f32;  y  # [M, K] f32 (may alias x)"""
+    """x  # [M, K] f32;  w  # [K] f32;  y  # [M, K] f32 (may alias x).  The sum of squares
+    runs in index order wherever this is compiled (``ordered_kernel``), so the executor and
+    the batched pass, fresh or cached, norm a row to the same bits."""
     M, K = x.shape
     for m in range(M):
         ss = np.float32(0.0)

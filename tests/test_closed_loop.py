@@ -145,7 +145,9 @@ def test_work_factor_scales_the_weight_side_only():
     w = qwen_1p5b(ctx=16384, concurrency=1)
     base = make_plan(m, w, calibration=Calibration()).prediction
     table = {f"{c}x{r}": 2.0 for c in (1, 2) for r in (1, 4)}
-    fed = make_plan(m, w, calibration=Calibration(work_factor={w.name: table})).prediction
+    plan = make_plan(m, w, calibration=Calibration(work_factor={w.name: table}))
+    fed = plan.prediction
+    assert "shared's weight-side work x2.00 (this model's decode step measured here)" in plan.explain()
     host = base.terms["step_overhead"]
     weight_side = base.tpot_s - base.attention_s - host
     assert base.attention_s > 0.3 * base.tpot_s
@@ -187,6 +189,7 @@ def test_feedback_fits_the_weight_and_attention_parts():
     p = plan.prediction
     assert fed.tpot_s == pytest.approx(0.9 * (p.model_s - p.attention_s) + 0.7 * p.attention_s, rel=0.03)
     assert fed.terms["feedback"] < 0 and sum(fed.terms.values()) == pytest.approx(fed.tpot_s)
+    assert "fed back from observed TPOTs: weight side x0.9" in make_plan(m, w, calibration=cal).explain()
     w16 = qwen_1p5b(ctx=16384, concurrency=4)
     seen = make_plan(m, w16, calibration=cal)
     expect = 0.9 * (seen.prediction.model_s - seen.prediction.attention_s) + 0.7 * seen.prediction.attention_s

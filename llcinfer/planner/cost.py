@@ -67,6 +67,8 @@ class Prediction:
     busy: dict[str, float] = field(default_factory=dict)  # domain -> seconds of work per step
     model_s: float = 0.0  # the model's TPOT before what observations feed back ('feedback' term)
     attention_s: float = 0.0  # the part of model_s the context adds (attention and what it displaces)
+    work_scale: dict[str, float] = field(default_factory=dict)  # domain -> measured weight-side factor
+    feedback: tuple[float, float] = (1.0, 1.0)  # fed-back factors: weight side, attention
 
 
 TERM_ORDER = ("weights_L2", "weights_LLC", "weights_DRAM", "matmul_compute", "tasks", "kv_LLC", "kv_DRAM",
@@ -232,6 +234,7 @@ def predict(plan, m: Machine, w: Workload, cal: Calibration | None = None, rates
     if (a, b) != (1.0, 1.0):  # what the TPOTs observed feed back
         pred.terms["feedback"] = fed - pred.tpot_s
         pred.tpot_s = fed
+        pred.feedback = (a, b)
     return pred
 
 
@@ -267,7 +270,7 @@ def _model(plan, m: Machine, w: Workload, cal: Calibration, rates: Rates, sync: 
     terms = {k: terms[k] for k in TERM_ORDER if k in terms}
     busy = {name: mb * a.busy for name, a in accs.items()}
     return Prediction(tpot_s=tpot, terms=terms, micro_batches=mb, bound=bound, sync=sync, busy=busy,
-                      model_s=tpot)
+                      model_s=tpot, work_scale={name: a.scale for name, a in accs.items() if a.scale != 1.0})
 
 
 def forward_seconds(plan, m: Machine, w: Workload, rows: int, cal: Calibration | None = None,

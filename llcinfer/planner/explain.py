@@ -102,6 +102,16 @@ def _observed(plan) -> str:
             f"{_ms(o['predicted_s'])} then)")
 
 
+def _calibrated(p) -> str:
+    """What measurement on this machine changed in the prediction, beyond its rates."""
+    said = [f"{name}'s weight-side work x{f:.2f} (this model's decode step measured here)"
+            for name, f in p.work_scale.items()]
+    if p.feedback != (1.0, 1.0):
+        said.append(f"fed back from observed TPOTs: weight side x{p.feedback[0]:.2f}, attention "
+                    f"x{p.feedback[1]:.2f}")
+    return "calibrated: " + "; ".join(said)
+
+
 def explain(plan) -> str:
     p = plan.prediction
     lines = [f"machine: {plan.machine}",
@@ -118,6 +128,8 @@ def explain(plan) -> str:
         if plan.observed:
             lines.append(f"  {_observed(plan)}")
         lines.append(f"  terms: {_terms(p)}")
+        if p.work_scale or p.feedback != (1.0, 1.0):
+            lines.append(f"  {_calibrated(p)}")
         lines.append("  busy per step: " + ", ".join(f"{k} {_ms(v)}" for k, v in p.busy.items()))
     for d in plan.domains:
         lines += _domain_lines(d)

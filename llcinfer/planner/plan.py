@@ -115,7 +115,12 @@ class Plan:
         d["domains"] = [Domain(**{**x, "resident": [tuple(r) for r in x["resident"]],
                                   "streamed": [tuple(r) for r in x["streamed"]]}) for x in d["domains"]]
         d["placement"] = [Placement(**p) for p in d["placement"]]
-        d["prediction"] = Prediction(**d["prediction"]) if d.get("prediction") else None
+        if d.get("prediction"):
+            pred = dict(d["prediction"])
+            pred["feedback"] = tuple(pred.get("feedback", (1.0, 1.0)))
+            d["prediction"] = Prediction(**pred)
+        else:
+            d["prediction"] = None
         d["runners_up"] = [cls.from_dict(r) for r in d.get("runners_up", [])]
         return cls(**d)
 

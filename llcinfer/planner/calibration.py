@@ -111,6 +111,11 @@ class Calibration:
     the model's prediction of it; scales the weight-side work (matmuls, small operators,
     hand-offs inside a domain) of that model's plans.  Rows 1 and 4 are measured, the
     rest interpolated."""
+    sparse_select_ns: dict = field(default_factory=dict)
+    """{planner/sparse_policy.select_key: {'part_ns', 'token_ns'}}: what sparse attention adds
+    to the decode step per full layer and row, measured in the step (engine/calibrate_sparse.py):
+    a fixed cost, and a cost per candidate key on one core.  Replaces ``SPARSE_SELECT_NS``
+    (planner/sparse_policy.py) for that model shape and sparse configuration."""
     measured: dict = field(default_factory=dict)
     """what was measured: {item: {'seconds': cost, 'when': ISO time}}."""
     observed: list = field(default_factory=list)

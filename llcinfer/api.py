@@ -15,6 +15,7 @@ requests decode together, a finished one's place is taken at once.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 from typing import Iterator
 
@@ -24,6 +25,7 @@ from .engine.loop import DEFAULT_STEP_TOKENS, Engine
 from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
+from .engine.sparse_setup import planned_sparse
 from .engine.speculation import build_speculator
 from .engine.transformer import Transformer
 from . import settings
@@ -70,12 +72,15 @@ class LLM:
         check_plan: time the chosen plan and the best one of the other kind for a few decode
             steps at start-up and keep the faster (``LLCINFER_CALIBRATE=0`` turns it off,
             and the first-use kernel calibration with it).
-        sparse: sparse attention for long contexts: rows with at least 4096 keys attend to
-            the first tokens, the last 256 and the ``sparse_top_k`` tokens (whole 16-token
-            blocks) a low-rank indexer of the model's own keys scores highest; the first two
-            layers stay dense.  The indexer is calibrated on first use (seconds, once per
-            model, cached beside the repacked weights).  Decode steps run it on the
-            executor.  Not with ``speculative``.
+        sparse: sparse attention for long contexts: rows with at least ``min_context`` keys
+            attend to the first tokens, the last 256 and the ``sparse_top_k`` tokens (whole
+            16-token blocks) a low-rank indexer of the model's own keys scores highest; the
+            first two layers stay dense.  ``min_context`` is the planner's: the context from
+            which the sparse step is predicted faster than the dense one on this machine
+            (``sparse_policy`` says it and both predictions).  The indexer is calibrated on
+            first use (seconds, once per model, cached beside the repacked weights), and so
+            is its selection cost (once per machine).  Decode steps run it on the executor.
+            Not with ``speculative``.
         sparse_top_k: tokens the indexer picks (default 1024).
     """
 
@@ -121,6 +126,10 @@ class LLM:
         # rows when the runner can put them on the executor (executor_note says why not); with
         # the executor, the kernels are calibrated at first use and the plan checked by timing
         self.plan = self._plan(n_ctx, n_seq, check_plan)
+        self.sparse_policy = None  # planner/sparse_policy.SparsePolicy when sparse: from which context it pays
+        if sparse_config is not None:
+            sparse_config, self.sparse_policy = planned_sparse(self.model, self.plan, n_ctx, n_seq, sparse_config,
+                                                               self._measuring(), _stderr)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)
         speculator = build_speculator(speculative, self.model, list(self.gguf.metadata.get("tokenizer.ggml.tokens", [])),
                                       n_ctx, n_seq, spec_budget, spec_policy, progress, numerics == "llama.cpp",
@@ -134,14 +143,19 @@ class LLM:
             speculator.measure_cost(self.model, self.engine.runner, self.engine.new_sequence)
         self._last_stats = GenerationStats()
 
+    def _measuring(self) -> bool:
+        """Whether this machine's kernels are measured at first use (and the plan checked)."""
+        from .executor import unsupported_reason
+
+        return settings.calibrate_enabled() and settings.executor_enabled() and unsupported_reason(self.model) is None
+
     def _plan(self, n_ctx: int, n_seq: int, check: bool):
         from .engine.calibrate import ensure_calibration
         from .engine.plan_check import check_plan
-        from .executor import unsupported_reason
         from .planner import detect_machine
 
         machine = detect_machine(probe=False)
-        measure = settings.calibrate_enabled() and settings.executor_enabled() and unsupported_reason(self.model) is None
+        measure = self._measuring()
         cal = ensure_calibration(self.model, machine, self.threads) if measure else None
         plan, work = plan_for_model(self.model, n_ctx, n_seq, self.threads, machine, cal)
         if measure and check:
@@ -304,3 +318,7 @@ class LLM:
         c = self.config
         return (f"LLM({self.model_path.name}: {c.arch}, {c.n_layer} layers, d_model {c.d_model}, "
                 f"n_ctx {self.n_ctx}, threads {self.threads}, n_seq {self.engine.scheduler.max_seqs})")
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -40,7 +40,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer import jit  # noqa: E402
-from llcinfer.engine.sparse_setup import model_basis  # noqa: E402
+from llcinfer.engine.placement import plan_for_model  # noqa: E402
+from llcinfer.engine.sparse_setup import model_basis, planned_sparse  # noqa: E402
 from llcinfer.engine.transformer import Transformer  # noqa: E402
 from llcinfer.executor import DecodeExecutor, default_domains  # noqa: E402
 from llcinfer.weights.repack_cache import wait_loaded  # noqa: E402
@@ -49,6 +50,7 @@ from llcinfer.kv import PagedSequence  # noqa: E402
 from llcinfer.model import catalog  # noqa: E402
 from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
 from llcinfer.model.tokenizer import Tokenizer  # noqa: E402
+from llcinfer.planner import Calibration, cache_key, detect_machine  # noqa: E402
 from llcinfer.sparse import SparseAttention, SparseConfig, stdlib_text  # noqa: E402
 from llcinfer.sparse.attention import AGGS, PHIS  # noqa: E402
 
@@ -252,7 +254,12 @@ def tpot(a) -> dict:
           f"sparse {med['sparse']:.2f} ms ({med['sparse'] / med['dense']:.2f}x); keys attended {frac:.3f}; "
           f"index {st['index_bytes_per_token']} B/token vs KV {st['kv_bytes_per_token']} B/token", flush=True)
     out = {"model": a.model, "depth": a.depth, "threads": a.threads, "config": dataclasses.asdict(cfg),
-           "tpot_ms": med, "tpot_ms_all": times, "keys_fraction": frac, "fill_s_this_run": t_fill, **st}
+           "tpot_ms": med, "tpot_ms_all": times, "keys_fraction": frac, "fill_s_this_run": t_fill, **st,
+           "predicted": predicted(tm, a, cfg)}
+    pr = out["predicted"]
+    print(f"planner ({pr['plan']}, selection costs {pr['rates']}): dense {pr['dense_ms']:.2f} ms, sparse "
+          f"{pr['sparse_ms']:.2f} ms ({pr['sparse_ms'] / pr['dense_ms']:.2f}x); pays from {pr['min_context']} keys",
+          flush=True)
     if a.probes:
         rec = Recorder([sp])
         tm.sparse, rec.recording = rec, True
@@ -267,6 +274,17 @@ def tpot(a) -> dict:
               f"(block oracle {r[2]:.3f}, token oracle {r[3]:.3f})")
     tm.sparse = None
     return out
+
+
+def predicted(tm, a, cfg: SparseConfig) -> dict:
+    """The planner's dense and sparse TPOT at this depth (the plan LLM would run for one
+    sequence at n_ctx = depth, this machine's calibration) and its break-even context."""
+    machine = detect_machine(probe=False)
+    plan, _ = plan_for_model(tm, a.depth, 1, a.threads, machine, Calibration.load(cache_key(machine)))
+    _, policy = planned_sparse(tm, plan, a.depth, 1, cfg, True, print)
+    return {"plan": plan.label, "rates": policy.rates, "dense_ms": policy.dense_s * 1e3,
+            "sparse_ms": policy.sparse_s * 1e3,
+            "min_context": policy.min_context}
 
 
 def _count(least: int):

@@ -7,7 +7,8 @@
 
 With ``--spec`` it measures effective TPOT (wall time per generated token) of each
 drafter against plain decoding on chat workloads instead (bench/spec.py).  With ``--sparse``
-our pp/tg run sparse attention (rows with 4096 keys or more) and the report says so.
+our pp/tg run sparse attention (rows with at least the keys from which the planner predicts
+it pays) and the report says so.
 """
 
 from __future__ import annotations

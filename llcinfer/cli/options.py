@@ -39,7 +39,8 @@ def sparse_options(f):
     f = click.option("--sparse-top-k", type=int, default=None,
                      help="Tokens the sparse indexer picks (default 1024; needs --sparse).")(f)
     f = click.option("--sparse", is_flag=True,
-                     help="Sparse attention on rows with 4096 keys or more (indexer calibrated on first use).")(f)
+                     help="Sparse attention on rows with at least the keys from which the planner predicts it "
+                          "pays (indexer calibrated on first use).")(f)
     return f
 
 

@@ -6,9 +6,9 @@ saved with ``--save-logits``).
     llcinfer perplexity -m smollm2-135m --kl-divergence-base base.kld [--chunks 20]
     llcinfer perplexity -m smollm2-135m -f long.txt -c 8192 --sparse [--sparse-top-k 1024]
 
-With ``--sparse`` the rows with at least 4096 keys attend sparsely (prompt rows too), so
-the positions scored past that are the sparse path's; at -c 4096 or less every scored row
-is dense.
+With ``--sparse`` the rows with at least the planner's ``min_context`` keys (the context
+from which sparse is predicted to pay on this machine; the first line says it) attend
+sparsely (prompt rows too), so the positions scored past that are the sparse path's.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 
 import click
 
+from ..engine.sparse_setup import NEVER
 from ..errors import UsageError
 from .options import check_sparse, kv_options, model_options, sparse_options
 
@@ -37,6 +38,8 @@ def _sparse_note(llm, ctx: int) -> str:
     if sp is None:
         return ""
     c = sp.config
+    if c.min_context >= NEVER:
+        return f", sparse attention top-k {c.top_k} (predicted never to pay on this machine: every row dense)"
     reach = "" if ctx - 1 >= c.min_context else f"; no scored row has that many at -c {ctx}"
     return f", sparse attention top-k {c.top_k} (rows with >= {c.min_context} keys{reach})"
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
 
 from ..errors import UsageError
+from .options import check_sparse, sparse_options
 
 
 @click.command()
@@ -27,19 +29,24 @@ from ..errors import UsageError
 @click.option("--replicas", default=None,
               help="Also plan N model replicas (or 'auto': one per LLC instance / NUMA node), --concurrency "
                    "sequences each; shown by default when auto gives more than one.")
+@sparse_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, replicas, as_json):
+def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, replicas, sparse, sparse_top_k,
+         as_json):
     """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why, and
     the TPOT observed where the plan was measured here."""
     from ..model import catalog
     from ..planner import Calibration, cache_key, detect_machine, load_topology, make_plan, workload_from_gguf
     from ..hw.bandwidth import curve_path, probe_curve, save_curve
     from ..planner.replicas import parse_replicas, plan_replicas, replica_core_sets
+    from ..planner.sparse_policy import sparse_policy
     from ..planner.verify import explain_verify, predict_verify_cost
+    from ..sparse import SparseConfig
     from ..planner.workload import KV_ITEMSIZE
 
     if ctx < 1 or concurrency < 1:
         raise UsageError(f"--ctx and --concurrency must be at least 1 (got {ctx}, {concurrency})")
+    check_sparse(sparse, sparse_top_k)
     asked = None if replicas is None else parse_replicas(replicas)
     if topology is not None:
         machine = load_topology(topology)
@@ -54,18 +61,27 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     work = workload_from_gguf(path, ctx=ctx, concurrency=concurrency, kv_itemsize=KV_ITEMSIZE[kv_type],
                               name=model if model and not str(model).endswith(".gguf") else None)
     best = make_plan(machine, work, threads=threads, sync=sync)
-    verify, _ = predict_verify_cost(best, machine, work, Calibration.load(cache_key(machine)))
+    cal = Calibration.load(cache_key(machine))
+    verify, _ = predict_verify_cost(best, machine, work, cal)
+    policy = None
+    if sparse:
+        config = SparseConfig() if sparse_top_k is None else SparseConfig(top_k=sparse_top_k)
+        policy = sparse_policy(best, machine, work, config, cal)
     shown = asked if asked is not None else ("auto" if len(replica_core_sets(machine, "auto")) > 1 else None)
     rp = None if shown is None else plan_replicas(machine, work, shown, sync=sync)
     if as_json:
         d = best.to_dict()
         d["verify"] = verify.to_dict()
+        if policy is not None:
+            d["sparse"] = dataclasses.asdict(policy)
         if asked is not None:
             d["replicas"] = rp.to_dict()
         click.echo(json.dumps(d, indent=1))
         return
     click.echo(best.explain())
     click.echo(explain_verify(verify))
+    if policy is not None:
+        click.echo(policy.explain())
     if rp is not None:
         click.echo("\n" + rp.explain())
     if machine.bandwidth_source == "estimated":

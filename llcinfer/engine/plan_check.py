@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from ..executor import DecodeExecutor, Domains
 from ..kv import PagedSequence
 from ..planner.calibration import Calibration, cache_key
 from ..planner.closed_loop import close_loop, other_kind
+from ..sparse import SparseAttention
 from ..weights.repack_cache import wait_loaded
 from .placement import domains_from_plan
 
@@ -32,28 +34,42 @@ def _log(msg: str) -> None:
 class _StepBench:
     """An executor under ``domains`` with ``concurrency`` sequences holding ``ctx`` tokens of
     written K/V (ones: attention costs the same whatever the values, and written pages are
-    read from memory, not from the kernel's zero page), warmed by one step."""
+    read from memory, not from the kernel's zero page), warmed by one step.  With
+    ``sparse`` (a SparseConfig) its rows run sparse attention over random index keys and a
+    random basis (the selection costs what it costs on real keys: distinct scores)."""
 
-    def __init__(self, model, domains: Domains, ctx: int, concurrency: int, n_tokens: int):
+    def __init__(self, model, domains: Domains, ctx: int, concurrency: int, n_tokens: int, sparse=None):
         self.ctx = ctx
-        self.ex = DecodeExecutor(model, domains)
         n_ctx = ctx + n_tokens + 1
         pool, _ = model.new_pool(n_ctx, concurrency, prefix_sharing=False)
         self.seqs = [PagedSequence(pool, n_ctx, None, f"s{i}") for i in range(concurrency)]
         for s in self.seqs:
             s.n_tokens = ctx
             pool.fill(s.table[:s.n_blocks])  # commit and write every block
+        self.model, self.sparse = model, None if sparse is None else _written_sparse(model, pool, sparse, self.seqs)
         self.toks = np.random.default_rng(0).integers(0, model.config.vocab_size, concurrency).tolist()
-        self.ex.step(self.seqs, self.toks)  # warm: compile, first touch of the new blocks
+        with self._sparse_on():
+            self.ex = DecodeExecutor(model, domains)
+            self.ex.step(self.seqs, self.toks)  # warm: compile, first touch of the new blocks
+
+    @contextmanager
+    def _sparse_on(self):
+        """The model's sparse attention is this bench's while its executor is built and steps."""
+        saved, self.model.sparse = self.model.sparse, self.sparse
+        try:
+            yield
+        finally:
+            self.model.sparse = saved
 
     def seconds_per_step(self, n_tokens: int) -> float:
         """``n_tokens`` steps of one token per sequence from ``ctx``: mean seconds per step."""
         for s in self.seqs:
             s.truncate(self.ctx)
-        t0 = time.perf_counter()
-        for _ in range(n_tokens):
-            self.ex.step(self.seqs, self.toks)
-        return (time.perf_counter() - t0) / n_tokens
+        with self._sparse_on():
+            t0 = time.perf_counter()
+            for _ in range(n_tokens):
+                self.ex.step(self.seqs, self.toks)
+            return (time.perf_counter() - t0) / n_tokens
 
     def close(self) -> None:
         for s in self.seqs:
@@ -61,16 +77,28 @@ class _StepBench:
         self.ex.close()
 
 
+def _written_sparse(model, pool, config, seqs) -> SparseAttention:
+    c = model.config
+    basis = np.random.default_rng(0).standard_normal((c.n_layer, c.n_kv_head, config.rank, c.head_dim))
+    sp = SparseAttention(config, basis.astype(np.float32), pool, c.n_head)
+    rng = np.random.default_rng(1)
+    for s in seqs:  # random keys: distinct scores, as real text gives the top-k
+        blocks = s.table[:s.n_blocks]
+        sp.index.idx[:, blocks] = rng.integers(0, 256, sp.index.idx[:, blocks].shape, dtype=np.uint8)
+        sp.index.isc[:, blocks] = 0.01
+    return sp
+
+
 def measure_alternating(model, layouts: list, n_tokens: int = 16, reps: int = 5) -> list[dict]:
-    """Decode TPOT of several executor set-ups, each (domains, ctx, concurrency), timed in
+    """Decode TPOT of several executor set-ups, each (domains, ctx, concurrency[, sparse]), timed in
     turn (A B A B ...) so that all see the same moments of a noisy host: per set-up,
     {'tpot_s': median over ``reps`` repetitions of ``n_tokens`` steps, 'steps_s': [per
     repetition], 'tokens_per_s'}.  Between set-ups the idle one's workers are given time to
     stop waiting for a step (they would take its cores)."""
     benches = []
     try:
-        for domains, ctx, concurrency in layouts:
-            benches.append(_StepBench(model, domains, ctx, concurrency, n_tokens))
+        for layout in layouts:
+            benches.append(_StepBench(model, *layout[:3], n_tokens, *layout[3:]))
         wait_loaded()  # the weights on 2 MiB pages: the steady state
         per_rep = [[] for _ in benches]
         for _ in range(reps):
@@ -82,7 +110,7 @@ def measure_alternating(model, layouts: list, n_tokens: int = 16, reps: int = 5)
         for bench in benches:
             bench.close()
     out = []
-    for (_, _, concurrency), steps in zip(layouts, per_rep):
+    for (_, _, concurrency, *_), steps in zip(layouts, per_rep):
         tpot = statistics.median(steps)
         out.append({"tpot_s": tpot, "steps_s": steps, "tokens_per_s": concurrency / tpot})
     return out

@@ -1,14 +1,20 @@
 """Turning sparse attention on for a model and its KV pool: the index-key basis from the
 cache beside the repacked weights, or calibrated now on the standard library's sources
-(sparse/basis.py), then a SparseAttention the forward pass uses."""
+(sparse/basis.py), then a SparseAttention the forward pass uses; the context from which
+rows run sparse is the planner's (``planned_sparse``)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from ..model.tokenizer import Tokenizer
+from ..planner import Calibration, cache_key, detect_machine, workload_from_model
+from ..planner.sparse_policy import SparsePolicy, sparse_policy
 from ..kv import KVPool
 from ..sparse import SparseAttention, SparseConfig, basis_file, fit_basis, load_basis, rotate_to, save_basis, stdlib_text
+from .calibrate_sparse import ensure_sparse_calibration
 from .transformer import Transformer
 
 CALIBRATION_TOKENS = 4096  # of stdlib text; measured in perf/sparse_bench.py
@@ -53,3 +59,20 @@ def enable_sparse(model: Transformer, tokenizer: Tokenizer, pool: KVPool, config
     sp = SparseAttention(config, model_basis(model, tokenizer, config.rank), pool, model.config.n_head)
     model.sparse = sp
     return sp
+
+
+NEVER = 1 << 40  # min_context of a configuration the planner predicts never to pay
+
+
+def planned_sparse(model: Transformer, plan, n_ctx: int, n_seq: int, config: SparseConfig, measure: bool,
+                   log) -> tuple[SparseConfig, SparsePolicy]:
+    """``config`` with the context from which the planner predicts sparse attention to pay
+    on ``plan`` (planner/sparse_policy.py), and that policy; ``measure``: measure this
+    machine's selection cost first if it is not cached (engine/calibrate_sparse.py, its
+    progress to ``log``).  Where sparse never pays, every row stays dense (min_context NEVER)."""
+    machine = detect_machine(probe=False)
+    cal = (ensure_sparse_calibration(model, config, machine, plan.threads, log) if measure else
+           Calibration.load(cache_key(machine)))
+    work = workload_from_model(model, ctx=n_ctx, concurrency=n_seq)
+    policy = sparse_policy(plan, machine, work, config, cal)
+    return replace(config, min_context=policy.min_context or NEVER), policy

@@ -192,6 +192,6 @@ class SparseAttention:
     def kv_stats(self) -> dict:
         s = self.totals()
         d = self.index.stats()
-        d.update({"sparse_rows": s.rows, "sparse_selections": s.selections,
+        d.update({"sparse_min_context": self.config.min_context, "sparse_rows": s.rows, "sparse_selections": s.selections,
                   "sparse_keys_fraction": s.keys_attended / s.keys_total if s.keys_total else None})
         return d

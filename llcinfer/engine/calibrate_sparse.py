@@ -1,0 +1,76 @@
+"""First-use calibration of what sparse attention adds to this machine's decode step (the
+planner's sparse policy reads it: planner/sparse_policy.py).
+
+Measured in the executor's own step, as the dense rates are (engine/calibrate.py): one
+sequence on a shared domain of all cores, sparse rows at three contexts n and dense rows
+at n_eff(n), the keys a row reads per layer on average (sparse layers read only their
+kept blocks), all timed in turn (A B A B).  The sparse step is the dense step at n_eff
+plus, per full layer, the selection: scoring the candidates' index keys in parts on the
+P cores, the top-k, the gathered table, the extra hand-offs and whatever attending
+scattered blocks costs more.  Per full layer and row:
+
+    select(n) = part_ns + token_ns * cand(n) / P        (cand: candidate keys of a row with n keys)
+
+a least-squares line through the three contexts gives the two constants.  Once per
+machine, kernel version, model shape and sparse configuration (rank, top-k, sinks,
+window, layer policy), cached with the rest of the calibration.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ..executor import Domains
+from ..hw.machine import Machine
+from ..planner.calibration import Calibration, cache_key
+from ..planner.candidates import budget_cores
+from ..planner.sparse_policy import Layers, select_key
+from .plan_check import measure_alternating
+
+CONTEXTS = (4096, 8192, 16384)  # keys of the timed sparse rows
+STEP_TOKENS, STEP_REPS = 8, 5  # decode steps timed per repetition, repetitions (median)
+
+
+def ensure_sparse_calibration(model, sparse, m: Machine, threads: int, log) -> Calibration:
+    """The cached calibration with the selection cost of ``model`` under ``sparse`` (a
+    SparseConfig) measured now if it lacks it (seconds, once), saved."""
+    key = cache_key(m)
+    cal = Calibration.load(key)
+    name = select_key(model.config, sparse)
+    if name in cal.sparse_select_ns:
+        return cal
+    t0 = time.perf_counter()
+    got = measure_select(model, sparse, budget_cores(m, threads))
+    dt = time.perf_counter() - t0
+    cal.sparse_select_ns[name] = got
+    cal.note_measured(f"sparse select {name}", dt)
+    log(f"  sparse select {name}: {got['token_ns']:.1f} ns per candidate key and core, "
+        f"{got['part_ns'] / 1e3:.1f} us per full layer ({dt:.1f} s)")
+    try:
+        cal.save(key)
+    except OSError as exc:
+        log(f"  not saved: {exc}")
+    return cal
+
+
+def measure_select(model, sparse, cores: list[int]) -> dict:
+    """{'part_ns', 'token_ns'} of one row's selection per full layer (token_ns: per
+    candidate key on one core) in the decode step on a shared domain of ``cores``."""
+    lay = Layers(model.config.n_layer, sparse)
+    if lay.full == 0:  # every layer dense: nothing selects
+        return {"part_ns": 0.0, "token_ns": 0.0}
+    dom = Domains(weight=tuple(cores))
+    every = replace(sparse, min_context=0)
+    layouts = []
+    for n in CONTEXTS:
+        layouts += [(dom, n, 1, every), (dom, max(16, round(lay.n_eff(n))), 1)]
+    t = [r["tpot_s"] for r in measure_alternating(model, layouts, n_tokens=STEP_TOKENS, reps=STEP_REPS)]
+    over = np.array([(t[2 * i] - t[2 * i + 1]) / lay.full for i in range(len(CONTEXTS))])  # [contexts] s per full layer
+    cand = np.array([lay.candidates(n) for n in CONTEXTS], float)  # [contexts] candidate keys
+    per_key, part = np.polyfit(cand, over, 1)  # seconds per candidate key on P cores, per full layer
+    per_key = max(0.0, per_key)
+    part = max(0.0, float(np.mean(over - per_key * cand)))
+    return {"part_ns": part * 1e9, "token_ns": per_key * len(cores) * 1e9}

@@ -13,7 +13,8 @@ given fraction of the filler (``--depths N``: N fractions evenly spaced over 0 .
 "What is the pass key? The pass key is"; 8 tokens are generated greedily and the key is
 found when its digits are in them.  Every mode sees the same prompts and keys (random per
 trial from ``--seed``).  One LLM per mode, loaded in turn and reused over the trials.
-Sparse attention engages on rows with 4096 keys or more only: shorter prompts run dense.
+Sparse attention engages on rows with at least the planner's min_context keys only (the
+context from which it pays on this machine, printed): shorter prompts run dense.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def run_mode(a, mode: str, trials: list[dict], n_ctx: int) -> dict:
               sparse_top_k=a.sparse_top_k if sparse else None)
     try:
         notes = {"n_ctx_train": llm.config.n_ctx_train,
-                 "sparse_top_k": llm.engine.sparse.config.top_k if sparse else None}
+                 "sparse_top_k": llm.engine.sparse.config.top_k if sparse else None,
+                 "sparse_min_context": llm.engine.sparse.config.min_context if sparse else None}
         for t in trials:
             prompt, n = build_prompt(llm, t["length"], t["depth"], t["key"])
             out = llm.generate(prompt, max_tokens=N_GEN, temperature=0)
@@ -129,8 +131,9 @@ def report(trials: list[dict], modes: list[str], notes: dict) -> dict:
     if "sparse" in notes:
         frac = notes["sparse"]["sparse_keys_fraction"]
         print(f"sparse top-k {notes['sparse']['sparse_top_k']}: " + (
-            "no row reached 4096 keys, every row ran dense" if frac is None else
-            f"the sparse rows attended {100 * frac:.1f} % of their keys"))
+            f"no row reached {notes['sparse']['sparse_min_context']} keys, every row ran dense" if frac is None else
+            f"rows from {notes['sparse']['sparse_min_context']} keys on ran sparse and attended {100 * frac:.1f} % "
+            "of their keys"))
     return summary
 
 

@@ -20,8 +20,10 @@ tpot: the context is filled once (dense attention, index keys written), over sev
 if --fill-budget stops it (--state keeps the pool); then decode steps alternate dense and
 sparse on the same sequence (A B A B, one token each, on the decode executor as LLM runs
 them: a dense executor and a sparse one sharing the workers) and the medians are
-compared (the dense steps write no index keys: their tokens stay in the window); then --probes rows report the mass and recall of the
-selection at the run's top_k.  2 threads by default.
+compared (the dense steps write no index keys: their tokens stay in the window), and
+printed beside the planner's prediction for that depth (planner/sparse_policy.py: the
+plan LLM runs at n_ctx = depth, this machine's calibration); then --probes rows report
+the mass and recall of the selection at the run's top_k.  2 threads by default.
 """
 
 from __future__ import annotations

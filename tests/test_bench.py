@@ -172,6 +172,7 @@ class _FakeOurs:
         self.depth = 0
         self.plan = f"fake plan for n_ctx {n_ctx}"
         self.sparse_top_k = (sparse_top_k or 1024) if sparse else None  # as OursBench: the top-k that runs
+        self.sparse_min_context = 2400 if sparse else None  # as OursBench: the planner's threshold
 
     def warmup(self):
         pass
@@ -231,8 +232,11 @@ def test_sparse_reaches_ours_and_the_report(tmp_path, monkeypatch):
                               sparse_top_k=512)
     (rec,) = compare.run_bench(s, {}, [])
     assert rec.sparse_top_k == 512 and rec.to_json()["sparse"] and rec.to_json()["sparse_top_k"] == 512
-    assert Record.from_json(rec.to_json()).sparse_top_k == 512
-    assert "plan (m, 2 threads, n_ctx 4096, sparse top-k 512): fake plan" in report.markdown_table([rec])
+    again = Record.from_json(rec.to_json())
+    assert again.sparse_top_k == 512 and again.sparse_min_context == rec.sparse_min_context == 2400
+    assert "plan (m, 2 threads, n_ctx 4096, sparse top-k 512 from 2400 keys): fake plan" in report.markdown_table([rec])
+    never = Record.from_json({**rec.to_json(), "sparse_min_context": 1 << 40})
+    assert "sparse top-k 512 predicted never to pay: every row dense" in report.markdown_table([never])
     (dense,) = compare.run_bench(compare.BenchSettings(models=["m"], threads=[2], n_prompt=0, n_gen=16, reps=1), {}, [])
     assert dense.to_json()["sparse"] is False and "sparse" not in report.markdown_table([dense])
 

@@ -91,7 +91,7 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
             ours.warmup()
             for kind, n, depth in s.tests():
                 mine = Record(OURS, None, name, kind, threads, depth, n, plan=ours.plan, n_ctx=n_ctx,
-                              sparse_top_k=ours.sparse_top_k)
+                              sparse_top_k=ours.sparse_top_k, sparse_min_context=ours.sparse_min_context)
                 theirs = {b: Record(LLAMA, b, name, kind, threads, depth, n) for b in builds}
                 log(f"-- {name} {mine.test}, {threads} threads")
                 probe = None  # tg: read next to each repetition

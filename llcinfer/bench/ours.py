@@ -42,6 +42,8 @@ class OursBench:
         self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False, sparse=sparse, sparse_top_k=sparse_top_k)
         self.sparse = self.llm.engine.sparse  # SparseAttention or None
         self.sparse_top_k = None if self.sparse is None else self.sparse.config.top_k  # None: dense
+        # keys from which rows run sparse (the planner's break-even; huge: never)
+        self.sparse_min_context = None if self.sparse is None else self.sparse.config.min_context
         # what the decode rows run on: the plan's label, or why they skip the executor
         self.plan = self.llm.plan.label if self.llm.executor_note is None else f"batched ({self.llm.executor_note})"
         wait_loaded()  # measure the steady state: weights on 2 MiB pages, not the file's map

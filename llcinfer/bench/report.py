@@ -13,6 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine.sparse_setup import NEVER
+
 OURS = "llcinfer"
 LLAMA = "llama.cpp"
 
@@ -70,6 +72,7 @@ class Record:
     plan: str | None = None  # ours: the plan the decode rows ran (its label)
     n_ctx: int | None = None  # ours: the context the model was loaded with (the plan's)
     sparse_top_k: int | None = None  # ours: the sparse indexer's top-k; None: dense attention
+    sparse_min_context: int | None = None  # ours, sparse: keys from which rows ran sparse (the planner's)
 
     @property
     def test(self) -> str:
@@ -111,6 +114,7 @@ class Record:
             "samples_bw_gbs": [round(b / 1e9, 2) for b in self.samples_bw],
             "fill": self.fill, "anchor": self.anchor, "plan": self.plan, "n_ctx": self.n_ctx,
             "sparse": self.sparse_top_k is not None, "sparse_top_k": self.sparse_top_k,
+            "sparse_min_context": self.sparse_min_context,
         }
 
     @classmethod
@@ -123,7 +127,7 @@ class Record:
                    bytes_per_token=d.get("bytes_per_token"), bandwidth=None if bw is None else bw * 1e9,
                    samples_bw=[b * 1e9 for b in d.get("samples_bw_gbs") or []],
                    fill=d.get("fill"), anchor=bool(d.get("anchor")), plan=d.get("plan"), n_ctx=d.get("n_ctx"),
-                   sparse_top_k=d.get("sparse_top_k"))
+                   sparse_top_k=d.get("sparse_top_k"), sparse_min_context=d.get("sparse_min_context"))
 
 
 def read_json(path: str | Path) -> tuple[dict, list[Record]]:
@@ -184,16 +188,25 @@ def table_rows(records: list[Record]) -> list[list[str]]:
 HEADER = ["model", "test", "threads", "ours t/s", "llama.cpp t/s (build)", "TPOT ours/llama.cpp", "ours roofline"]
 
 
+def _sparse_said(r: Record) -> str:
+    if r.sparse_top_k is None:
+        return ""
+    if r.sparse_min_context is None:
+        return f", sparse top-k {r.sparse_top_k}"
+    if r.sparse_min_context >= NEVER:
+        return f", sparse top-k {r.sparse_top_k} predicted never to pay: every row dense"
+    return f", sparse top-k {r.sparse_top_k} from {r.sparse_min_context} keys"
+
+
 def markdown_table(records: list[Record]) -> str:
     """The table, then the plan our decode ran for each model (and the context it was planned for)."""
     rows = table_rows(records)
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    plans = {(r.model, r.threads): (r.plan, r.n_ctx, r.sparse_top_k) for r in records if r.engine == OURS and r.plan}
+    plans = {(r.model, r.threads): (r.plan, r.n_ctx, _sparse_said(r)) for r in records if r.engine == OURS and r.plan}
     if plans:
         lines.append("")
-    lines += [f"plan ({m}, {t} threads, n_ctx {c}{'' if k is None else f', sparse top-k {k}'}): {p}"
-              for (m, t), (p, c, k) in plans.items()]
+    lines += [f"plan ({m}, {t} threads, n_ctx {c}{k}): {p}" for (m, t), (p, c, k) in plans.items()]
     return "\n".join(lines)
 
 

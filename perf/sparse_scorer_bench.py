@@ -1,4 +1,4 @@
-"""The sparse indexer's scorer alone (kernels/sparse_index.select_blocks): ms per layer
+"""The sparse indexer's selection alone (kernels/sparse_rows.select_rows): ms per layer
 for one decode row, on random index entries in blocks scattered over the pool, at the
 shapes of SmolLM2-135M (3 KV heads x 3) and Qwen2.5-0.5B (2 KV heads x 7), rank 16.
 
@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer import jit  # noqa: E402
 from llcinfer.kernels.paged_attention import attention_tag  # noqa: E402
-from llcinfer.kernels.sparse_index import AGG_SUM, PHI_EXP, PHI_RELU, select_blocks  # noqa: E402
+from llcinfer.kernels.sparse_index import AGG_SUM, PHI_EXP, PHI_RELU  # noqa: E402
+from llcinfer.kernels.sparse_rows import select_rows  # noqa: E402
 
 SHAPES = [("smollm2-135m", 3, 3, 8000), ("qwen2.5-0.5b", 2, 7, 16384), ("qwen2.5-0.5b", 2, 7, 32768)]
 
@@ -34,14 +35,16 @@ def one(KVH, G, n_keys, phi, threads, reps, r=16, bs=16, D=64, top_k=1024):
     q = rng.standard_normal((H, D)).astype(np.float32)  # [H, D]
     hb = (rng.standard_normal((H, r, D)) / 8).astype(np.float32)  # [H, r, D]
     w = np.ones(H, np.float32)  # [H]
-    scores, out = np.empty(NB, np.float32), np.empty(NB, np.int32)  # [>= candidates], [>= gathered]
-    args = (q, hb, 0.125, idx, isc, 0, table, n_keys, bs, phi, AGG_SUM, w, 1, 16, top_k // bs, threads, scores,
-            out, attention_tag())
-    select_blocks(*args)
+    scores, out = np.empty((1, NB), np.float32), np.empty((1, NB), np.int32)  # [1, >= candidates], [1, >= gathered]
+    keys = np.empty(1, np.int64)  # [1] keys of the gathered table
+    conf = np.array([0, bs, 256, top_k // bs, phi, AGG_SUM], np.int64)  # SP_*: 1 sink block, window 256
+    args = (q[None], hb, 0.125, idx, isc, 0, table, n_keys - 1, bs, conf, w, threads, scores, out, keys,
+            attention_tag())
+    select_rows(*args)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
-        select_blocks(*args)
+        select_rows(*args)
         ts.append(time.perf_counter() - t)
     return float(np.median(ts)) * 1e3
 

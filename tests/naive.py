@@ -130,7 +130,7 @@ def round_half_away(v):
 
 
 def block_scores(qt, q, s, G, phi, agg, w, n_sink, n_win, bs):
-    """kernels/sparse_index.select_blocks's scores of its candidate blocks  # [n_cand]:
+    """kernels/sparse_rows.select_rows's scores of one row's candidate blocks  # [n_cand]:
     qt  # [H, r] f32 the projected query heads, quantized as the kernel does,
     u[h] = round(qt[h] / c[h]), c[h] = max|qt[h]| / 127;  x[h, t] = c[h] s[t, kvh(h)]
     (u[h] . q[t, kvh(h)]);  I[t] = sum_h w[h] phi(x[h, t]);  a block's score the max (agg

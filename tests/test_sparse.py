@@ -11,7 +11,8 @@ from tiny_models import isolated_runtime, write_tiny_model
 from llcinfer.engine.sparse_setup import calibrate_basis
 from llcinfer.engine.transformer import Transformer
 from llcinfer.kernels.simd import make_tag
-from llcinfer.kernels.sparse_index import select_blocks, store_index_rows, top_blocks
+from llcinfer.kernels.sparse_index import kept_blocks, store_index_rows, top_blocks
+from llcinfer.kernels.sparse_rows import select_rows
 from llcinfer.kv import KVPool, PagedSequence
 from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.sparse import SparseAttention, SparseConfig, fit_basis, rotate_to
@@ -68,36 +69,46 @@ def index_arrays(rng, n_keys, KVH, r, bs, spare):
 
 @pytest.mark.parametrize("phi", [0, 1])
 @pytest.mark.parametrize("agg", [0, 1])
-@pytest.mark.parametrize("n_keys, k_blocks, bs, isa", [(333, 5, 16, "avx512vnni"), (1001, 17, 16, "avx512vnni"),
-                                                       (97, 1, 16, "avx512vnni"), (1001, 17, 16, "avx2"),
-                                                       (203, 9, 4, "avx512vnni")])
-def test_select_blocks_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa):
-    """Scores of every candidate block against the oracle (fastmath sums, Cephes exp:
-    rtol 1e-4), the k best picked (ties either way), the table [sinks, chosen, window]."""
+@pytest.mark.parametrize("n_keys, k_blocks, bs, isa, M", [(333, 5, 16, "avx512vnni", 1), (1001, 17, 16, "avx512vnni", 3),
+                                                          (97, 1, 16, "avx512vnni", 1), (1001, 17, 16, "avx2", 5),
+                                                          (203, 9, 4, "avx512vnni", 7)])
+def test_select_rows_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa, M):
+    """Each of M consecutive rows (the last with n_keys keys): scores of every candidate
+    block against the oracle (fastmath sums, Cephes exp: rtol 1e-4), the k best picked
+    (ties either way), the table [sinks, chosen, window] and the keys it holds."""
     from llcinfer.kernels.isa import supported_isas
     if isa not in supported_isas():
         pytest.skip(f"{isa} not on this CPU")
-    rng = np.random.default_rng(n_keys + 7 * phi + 3 * agg)
+    rng = np.random.default_rng(n_keys + 7 * phi + 3 * agg + M)
     KVH, G, r = 2, 3, 16
     H = KVH * G
     table, q, s, idx, isc = index_arrays(rng, n_keys, KVH, r, bs, 9)
-    qt = rng.standard_normal((H, r)).astype(np.float32)
+    qt = rng.standard_normal((M, H, r)).astype(np.float32)
     hbasis = np.broadcast_to(np.eye(r, dtype=np.float32), (H, r, r)).copy()  # [H, r, D = r]: qt bit for bit
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
-    n_sink, n_win = 1, 2
     nb = len(table)
-    scores, out = np.full(nb, np.nan, np.float32), np.full(nb, -1, np.int32)
-    n = select_blocks(qt, hbasis, 1.0, idx, isc, 0, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks, 2,
-                      scores, out, make_tag(isa))
-    want = naive.block_scores(qt, q, s, G, phi, agg, w, n_sink, n_win, bs)  # [candidates]
-    np.testing.assert_allclose(scores[:want.size], want, rtol=1e-4)
-    k = min(k_blocks, want.size)
-    assert n == n_sink + k + n_win
+    window = n_keys - (nb - 2) * bs  # the last row keeps 2 window blocks
+    conf = np.array([1, bs, window, k_blocks, phi, agg], np.int64)  # SP_*: min_context, sink (1 block), ...
+    scores, sel = np.full((M, nb), np.nan, np.float32), np.full((M, nb), -1, np.int32)
+    keys = np.zeros(M, np.int64)
+    n_past = n_keys - M
+    select_rows(qt, hbasis, 1.0, idx, isc, 0, table, n_past, bs, conf, w, 2, scores, sel, keys, make_tag(isa))
     slot_of = {int(b): i for i, b in enumerate(table)}
-    got = np.array([slot_of[int(b)] for b in out[n_sink:n_sink + k]]) - n_sink
-    assert (np.diff(got) > 0).all() and got.min() >= 0 and got.max() < want.size  # ascending, distinct
-    np.testing.assert_allclose(np.sort(want[got]), np.sort(want)[-k:], rtol=1e-4)  # the best k (ties either way)
-    assert (out[:n_sink] == table[:n_sink]).all() and (out[n_sink + k:n] == table[nb - n_win:]).all()
+    for m in range(M):
+        n = n_past + m + 1
+        nb_m = -(-n // bs)
+        n_sink, n_win = kept_blocks(n, bs, bs, window)
+        want = naive.block_scores(qt[m], q[:n], s[:n], G, phi, agg, w, n_sink, n_win, bs)  # [candidates]
+        if want.size <= k_blocks:  # nothing to drop: the row's own table
+            assert keys[m] == n and (sel[m, :nb_m] == table[:nb_m]).all()
+            continue
+        np.testing.assert_allclose(scores[m, :want.size], want, rtol=1e-4)
+        got = np.array([slot_of[int(b)] for b in sel[m, n_sink:n_sink + k_blocks]]) - n_sink
+        assert (np.diff(got) > 0).all() and got.min() >= 0 and got.max() < want.size  # ascending, distinct
+        np.testing.assert_allclose(np.sort(want[got]), np.sort(want)[-k_blocks:], rtol=1e-4)  # the k best
+        assert (sel[m, :n_sink] == table[:n_sink]).all()
+        assert (sel[m, n_sink + k_blocks:n_sink + k_blocks + n_win] == table[nb_m - n_win:nb_m]).all()
+        assert keys[m] == (n_sink + k_blocks + n_win - 1) * bs + n - (nb_m - 1) * bs
 
 
 def test_top_blocks_ties_and_short_input():
@@ -143,6 +154,32 @@ def test_sparse_attention_on_its_selection_matches_oracle(n_keys):
     assert len(picked) == 1 + 3 + 3  # sink block, top 12 / 4 = 3 blocks, window: positions n-8 .. n-1
     want = naive.attention(q[0][None], k[1][pos], v[1][pos], len(pos) - 1, 0.2)[0]
     np.testing.assert_allclose(out[0], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_keys, M, full_every", [(150, 9, 1), (203, 17, 2)])
+def test_sparse_chunk_rows_equal_rows_alone(n_keys, M, full_every):
+    """A prompt chunk's rows give the bits each row gives alone (as a decode row), on full
+    and shared layers, min_context in the middle of the chunk: rows before it dense."""
+    rng = np.random.default_rng(n_keys)
+    L, KVH, D, bs, H = 3, 2, 32, 4, 6
+    pool, seq, k, v = filled_sequence(rng, n_keys, KVH, D, bs, L)
+    n_past = n_keys - M
+    cfg = SparseConfig(top_k=12, sink=4, window=8, min_context=n_past + 4, dense_layers=0, full_every=full_every,
+                       rank=8)
+    sp = SparseAttention(cfg, random_basis(rng, L, KVH, 8, D), pool, H)
+    tables = seq.table[None, :seq.n_blocks]
+    for li in range(L):
+        sp.store_index(li, k[li].reshape(n_keys, -1), np.arange(n_keys), np.zeros(n_keys, np.int64), tables)
+    q = rng.standard_normal((L, M, H, D)).astype(np.float32)
+    chunk, alone = np.full((2, L, M, H, D), np.nan, np.float32)
+    selected, selected_alone = {}, [{} for _ in range(M)]
+    for li in range(L):
+        sp.attend(seq, li, q[li], n_past, 0.2, chunk[li], selected)
+        for m in range(M):
+            sp.attend(seq, li, q[li, m:m + 1], n_past + m, 0.2, alone[li, m:m + 1], selected_alone[m])
+    assert np.array_equal(chunk, alone)
+    assert sp.stats.selections == 2 * (M - 3) * len(range(0, L, full_every))  # rows from min_context select
+    assert sp.stats.keys_attended < sp.stats.keys_total
 
 
 # ---------------------------------------------------------------------------- model level

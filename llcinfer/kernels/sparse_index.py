@@ -24,15 +24,14 @@ and picks the K best candidate blocks (ties: the earlier) by a threshold from on
 partition of the scores.  Candidates are the full blocks between the sink blocks (the
 first) and the window blocks (the last, the partial one among them).  One vector of W
 lanes holds W tokens of one block: per (block, KV head) 4 key loads serve all G query
-heads (r/4 vpdpbusd each), phi runs on whole vectors; the candidates are split over the
-threads.  The u8 x s8 dot needs the key + 128: each quad's dot starts at -128 sum u[quad].
+heads (r/4 vpdpbusd each), phi runs on whole vectors; a row's candidates may be scored
+in parts on several threads (score_part; sparse_rows.py runs rows of a chunk).  The u8 x s8 dot needs the key + 128: each quad's dot starts at -128 sum u[quad].
 """
 
 import numpy as np
-from numba import prange
 
-from ..jit import inline_kernel, kernel, parallel_kernel
-from .simd import addr, lanes_of, vbcast4, vlanes, vload, vloadf, vsplat, vstore
+from ..jit import inline_kernel, kernel
+from .simd import addr, vbcast4, vlanes, vload, vloadf, vsplat, vstore
 from .simd_math import vadd, vcvt, vdot_q8, vexp, vfma, vhmax, vhsum, vmaxf, vminf, vmul, vzero_f, vzero_i
 
 PHI_RELU, PHI_EXP = 0, 1
@@ -244,32 +243,6 @@ def _gather_top(scores, table, nb, n_sink, n_win, k_blocks, out):
     return n_sink + n_ch + n_win
 
 
-@parallel_kernel
-def _select(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks, threads,
-            scores, out, tag):
-    """select_blocks; nothing but the prange here (numba makes array expressions of a
-    parallel kernel parallel regions of their own, each a thread-pool launch)."""
-    H, r, D = hbasis.shape
-    G = H // idx.shape[2]
-    qw = np.empty((H, r), np.int8)  # [H, r] u[h]
-    qsc = np.empty(H, np.float32)  # [H] c[h]
-    qcorr = np.empty((H, r // 4), np.int32)  # [H, r/4] -128 sum of each quad of u[h]
-    hmax = np.empty(H, np.float32)  # [H] m[h] (phi exp)
-    _query_and_kept_max(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, n_sink, n_win, qw, qsc, qcorr,
-                        hmax, tag)
-    nb = (n_keys + bs - 1) // bs
-    n_cand = nb - n_sink - n_win
-    T = max(1, min(threads, n_cand * H // PARALLEL_WORK))
-    if T == 1:  # a parallel region costs ~50 us on a busy 2-core host
-        _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, n_sink, nb - n_win, scores, tag)
-    else:
-        for t in prange(T):
-            b0, b1 = n_sink + n_cand * t // T, n_sink + n_cand * (t + 1) // T
-            _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, b0, b1,
-                         scores[b0 - n_sink:b1 - n_sink], tag)
-    return _gather_top(scores, table, nb, n_sink, n_win, k_blocks, out)
-
-
 @kernel
 def kept_blocks(n_keys, bs, sink, window):
     """(sink blocks, window blocks) a row with ``n_keys`` keys always attends."""
@@ -326,30 +299,3 @@ def gather_selection(table, n_keys, bs, conf, scores, out):
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
     n = _gather_top(scores, table, nb, n_sink, n_win, conf[SP_K_BLOCKS], out)
     return (n - 1) * bs + n_keys - (nb - 1) * bs  # every gathered block is full but the last
-
-
-def select_blocks(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win, k_blocks,
-                  threads, scores, out, tag) -> int:
-    """The gathered block table of one query row into ``out``; returns its length.
-
-    q  # [H, D] f32 (rotated);  hbasis  # [H, r, D] f32 each head's KV head basis (this
-    layer's);  idx, isc the index cache (module doc; read past their end by up to one
-    vector: IndexCache pads them);  table  # [>= nb] int32 the sequence's pool blocks;  w
-    # [H] head weights;  scores  # [>= candidates] f32 (out, per candidate block);  out
-    # [>= n_sink + K + n_win] int32: sink, chosen (ascending) and window pool blocks.
-    Every block before the window must be full, candidates n_sink .. nb - n_win - 1."""
-    H, r, D = hbasis.shape
-    nb = -(-n_keys // bs)
-    n_cand = nb - n_sink - n_win
-    if (q.shape != (H, D) or idx.dtype != np.uint8 or idx.shape[2:] != (idx.shape[2], r // 4, bs, 4) or r % 4
-            or H % idx.shape[2] or isc.shape[1:] != (idx.shape[1], idx.shape[2], bs) or not 0 <= slot < idx.shape[0]
-            or table.size < nb or n_cand < 1 or scores.size < n_cand or out.size < nb or k_blocks < 1
-            or w.size != H or lanes_of(tag) > PAD_LANES):
-        raise ValueError(f"select_blocks: arguments do not fit (see its doc): q {q.shape}, hbasis {hbasis.shape}, "
-                         f"idx {idx.shape} {idx.dtype}, isc {isc.shape}, slot {slot}, table {table.size}, n_keys "
-                         f"{n_keys}, bs {bs}, sinks {n_sink}, window {n_win}, k {k_blocks}, scores {scores.size}, "
-                         f"out {out.size}, w {w.size}")
-    if table[:nb].max() >= idx.shape[1] or table[:nb].min() < 0:
-        raise ValueError("select_blocks: a block id outside the index cache")
-    return _select(q, hbasis, np.float32(scale), idx, isc, slot, table, n_keys, bs, phi, agg, w, n_sink, n_win,
-                   k_blocks, threads, scores, out, tag)

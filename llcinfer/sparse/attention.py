@@ -27,11 +27,11 @@ import numba
 import numpy as np
 
 from ..errors import UsageError
-from ..kernels.paged_attention import paged_attention
 from ..kernels.isa import current_isa
 from ..kernels.paged_attention import attention_tag
 from ..kernels.sparse_index import (AGG_MAX, AGG_SUM, PHI_EXP, PHI_RELU, SP_AGG, SP_FIELDS, SP_K_BLOCKS,
-                                    SP_MIN_CONTEXT, SP_PHI, SP_SINK, SP_WINDOW, kept_blocks, select_blocks)
+                                    SP_MIN_CONTEXT, SP_PHI, SP_SINK, SP_WINDOW, kept_blocks)
+from ..kernels.sparse_rows import attend_rows, select_rows
 from ..kernels.tables import F16_TO_F32
 from ..kv import KVPool, PagedSequence
 from .index_cache import IndexCache
@@ -95,8 +95,8 @@ class SparseAttention:
         if current_isa() == "generic":
             raise UsageError("sparse attention needs AVX2 or better (its scorer is explicit SIMD)")
         self.tag = attention_tag()
-        self._scores = np.empty(pool.n_blocks, np.float32)  # [pool blocks >= candidates] scorer output
-        self._table = np.empty(pool.n_blocks, np.int32)  # [pool blocks >= gathered] one row's gathered table
+        self.conf = self.kernel_conf()  # [SP_FIELDS] int64 the selection rule, as the kernels read it
+        self._row_scores = np.empty(0, np.float32)  # [rows * blocks] select_rows' scores, grown on demand
         self.stats = SparseStats()
         self._external: list[np.ndarray] = []  # count_into
 
@@ -127,51 +127,63 @@ class SparseAttention:
     def select(self, seq: PagedSequence, layer: int, q: np.ndarray, n_keys: int, scale: float) -> np.ndarray:
         """The gathered block table  # [n_sel] int32 (pool blocks, position order) of one
         query row  q  # [H, D] f32 with ``n_keys`` keys."""
+        tables, keys = self.select_rows(seq, layer, q[None], n_keys - 1, scale)
         bs = self.pool.block_size
-        nb = -(-n_keys // bs)
-        n_sink, n_win = self.kept_blocks(n_keys)
-        n_cand = nb - n_sink - n_win
-        if n_cand <= self.k_blocks:
-            return seq.table[:nb]
-        n = select_blocks(q, self.head_basis[layer], scale, self.index.idx, self.index.isc,
-                          int(self.index.slot_of[layer]), seq.table, n_keys, bs, self.phi, self.agg, self.weights,
-                          n_sink, n_win, self.k_blocks, numba.get_num_threads(), self._scores, self._table, self.tag)
-        self.stats.selections += 1
-        return self._table[:n].copy()
+        last = n_keys - (-(-n_keys // bs) - 1) * bs  # keys in the last block, gathered last
+        return tables[0, :(int(keys[0]) - last) // bs + 1].copy()
+
+    def select_rows(self, seq: PagedSequence, layer: int, q: np.ndarray, n_past: int,
+                    scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """(tables  # [M, nb] int32, keys  # [M] int64): each row's gathered pool blocks (the
+        first of them in use) and the keys they hold, for the query rows  q  # [M, H, D] f32
+        at positions n_past ..  (a row that does not select gets its own table)."""
+        M, bs = q.shape[0], self.pool.block_size
+        nb = -(-(n_past + M) // bs)  # the last row's blocks
+        if self._row_scores.size < M * nb:
+            self._row_scores = np.empty(M * nb, np.float32)
+        scores = self._row_scores[:M * nb].reshape(M, nb)  # [M, >= candidates] block scores
+        tables = np.empty((M, nb), np.int32)  # [M, nb] gathered pool blocks of each row
+        keys = np.empty(M, np.int64)  # [M] keys each gathered table holds
+        select_rows(q, self.head_basis[layer], scale, self.index.idx, self.index.isc, int(self.index.slot_of[layer]),
+                    seq.table, n_past, bs, self.conf, self.weights, numba.get_num_threads(), scores, tables, keys,
+                    self.tag)
+        self.stats.selections += int(np.count_nonzero(keys < n_past + 1 + np.arange(M)))
+        return tables, keys
 
     # ------------------------------------------------------------------ attention
     def attend(self, seq: PagedSequence, layer: int, q: np.ndarray, n_past: int, scale, out: np.ndarray,
                selected: dict) -> None:
         """out  # [M, H, D] = attention of the chunk rows  q  # [M, H, D] at positions n_past ..;
-        ``selected``: this chunk's row -> gathered table of the last full layer (updated here)."""
+        ``selected``: this chunk's selection by the last full layer (filled here: "tables",
+        "keys" of select_rows for the rows from the first sparse one)."""
         if seq.pool is not self.pool:
             raise ValueError(f"{seq.name} is not on the pool the sparse index cache follows")
-        kind, M, bs = self.kinds[layer], q.shape[0], self.pool.block_size
+        kind, M = self.kinds[layer], q.shape[0]
         first = min(M, max(0, self.config.min_context - n_past - 1))  # rows before it have too few keys
         if kind == "dense" or first == M:
             seq.attention(layer, q, n_past, scale, out)
             return
         if first:
             seq.attention(layer, q[:first], n_past, scale, out[:first])
-        p, threads = self.pool, numba.get_num_threads()
-        for m in range(first, M):
-            n_keys = n_past + m + 1
-            if kind == "full" or m not in selected:
-                selected[m] = self.select(seq, layer, q[m], n_keys, scale)
-            table = selected[m]
-            n_sel = (len(table) - 1) * bs + n_keys - (-(-n_keys // bs) - 1) * bs
-            paged_attention(q[m:m + 1], p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, table, layer,
-                            p.n_kv_head, bs, n_sel - 1, np.float32(scale), out[m:m + 1], threads=threads)
-            self._count(layer, n_sel, n_keys)
+        rows = q[first:]  # [M - first, H, D]
+        if kind == "full" or not selected:
+            selected["tables"], selected["keys"] = self.select_rows(seq, layer, rows, n_past + first, scale)
+        tables, keys = selected["tables"], selected["keys"]
+        p = self.pool
+        attend_rows(rows, p.data, p.data_f32, F16_TO_F32, p.kind, p.group, p.scale_offset, tables, keys, layer,
+                    p.n_kv_head, p.block_size, scale, numba.get_num_threads(), out[first:], self.tag)
+        self._count(layer, keys, n_past + first)
 
-    def _count(self, layer: int, n_sel: int, n_keys: int) -> None:
-        s = self.stats
-        s.rows += 1
-        s.keys_attended += n_sel
-        s.keys_total += n_keys
+    def _count(self, layer: int, keys: np.ndarray, n_past: int) -> None:
+        """Count the rows at n_past .. that attended keys  # [rows] int64 keys each."""
+        s, n = self.stats, keys.size
+        attended, total = int(keys.sum()), n * (n_past + 1) + n * (n - 1) // 2
+        s.rows += n
+        s.keys_attended += attended
+        s.keys_total += total
         lay = s.per_layer.setdefault(layer, [0, 0])
-        lay[0] += n_sel
-        lay[1] += n_keys
+        lay[0] += attended
+        lay[1] += total
 
     def totals(self) -> SparseStats:
         """This path's counts and those of every executor counting into it."""

@@ -25,7 +25,7 @@ from .engine.loop import DEFAULT_STEP_TOKENS, Engine
 from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
-from .engine.sparse_setup import planned_sparse
+from .engine.sparse_setup import planned_sparse, with_chosen_layers
 from .engine.speculation import build_speculator
 from .engine.transformer import Transformer
 from . import settings
@@ -82,6 +82,10 @@ class LLM:
             is its selection cost (once per machine).  Decode steps run it on the executor.
             Not with ``speculative``.
         sparse_top_k: tokens the indexer picks (default 1024).
+        sparse_indexers: only this many of the sparse layers own an indexer, the others
+            reuse the selection of the last one before them; which ones is chosen on
+            calibration loss (IndexCache's greedy search: KL divergence from dense on the
+            standard library's sources; minutes, once per model, cached).  Default: all.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
@@ -89,7 +93,7 @@ class LLM:
                  numerics: str = "llama.cpp", kv_type: str | None = None, n_seq: int = 1,
                  kv_budget_mb: float | None = None, check_plan: bool = True, speculative: str | None = None,
                  spec_budget: int | None = None, spec_policy: str = "super-tree", sparse: bool = False,
-                 sparse_top_k: int | None = None):
+                 sparse_top_k: int | None = None, sparse_indexers: int | None = None):
         if numerics not in ("llama.cpp", "f32"):
             raise UsageError(f"numerics must be 'llama.cpp' or 'f32' (got {numerics!r})")
         if kv_type is not None and kv_type not in KV_TYPES:
@@ -99,15 +103,16 @@ class LLM:
                 raise UsageError(f"{name} must be a positive integer (got {value!r})")
         if kv_budget_mb is not None and not kv_budget_mb > 0:
             raise UsageError(f"kv_budget_mb must be positive (got {kv_budget_mb!r})")
-        if sparse_top_k is not None and (not isinstance(sparse_top_k, int) or isinstance(sparse_top_k, bool)
-                                         or sparse_top_k < 1):
-            raise UsageError(f"sparse_top_k must be a positive integer (got {sparse_top_k!r})")
-        if sparse_top_k is not None and not sparse:
-            raise UsageError("sparse_top_k needs sparse=True")
+        for name, value in (("sparse_top_k", sparse_top_k), ("sparse_indexers", sparse_indexers)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise UsageError(f"{name} must be a positive integer (got {value!r})")
+            if value is not None and not sparse:
+                raise UsageError(f"{name} needs sparse=True")
         if sparse and speculative not in (None, "none"):
             raise UsageError("sparse attention and speculative decoding do not combine yet (draft tree rows "
                              "move K/V the index cache does not follow)")
-        sparse_config = (SparseConfig() if sparse_top_k is None else SparseConfig(top_k=sparse_top_k)) if sparse else None
+        sparse_config = SparseConfig(**{k: v for k, v in (("top_k", sparse_top_k), ("indexers", sparse_indexers))
+                                        if v is not None}) if sparse else None
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
         self.threads = set_threads(threads)
@@ -128,6 +133,7 @@ class LLM:
         self.plan = self._plan(n_ctx, n_seq, check_plan)
         self.sparse_policy = None  # planner/sparse_policy.SparsePolicy when sparse: from which context it pays
         if sparse_config is not None:
+            sparse_config = with_chosen_layers(self.model, self.tokenizer, sparse_config, _stderr)
             sparse_config, self.sparse_policy = planned_sparse(self.model, self.plan, n_ctx, n_seq, sparse_config,
                                                                self._measuring(), _stderr)
         budget = None if kv_budget_mb is None else int(kv_budget_mb * 2**20)

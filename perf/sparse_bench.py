@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer import jit  # noqa: E402
 from llcinfer.engine.placement import plan_for_model  # noqa: E402
-from llcinfer.engine.sparse_setup import model_basis, planned_sparse  # noqa: E402
+from llcinfer.engine.sparse_setup import model_basis, planned_sparse, with_chosen_layers  # noqa: E402
 from llcinfer.engine.transformer import Transformer  # noqa: E402
 from llcinfer.executor import DecodeExecutor, default_domains  # noqa: E402
 from llcinfer.weights.repack_cache import wait_loaded  # noqa: E402
@@ -74,6 +74,7 @@ def retuned(sp: SparseAttention, **changes) -> SparseAttention:
     v.config = dataclasses.replace(sp.config, **changes)
     v.phi, v.agg = PHIS[v.config.phi], AGGS[v.config.agg]
     v.k_blocks = -(-v.config.top_k // sp.pool.block_size)
+    v.conf = v.kernel_conf()
     return v
 
 
@@ -214,8 +215,10 @@ def tpot(a) -> dict:
     toks = eval_tokens(tok, a.depth + a.n + a.probes)
     n_ctx = max(a.pool_ctx, a.depth + a.n + a.probes + 16)
     pool, prefix = tm.new_pool(n_ctx, kv_type="f16", prefix_sharing=False)
-    cfg = SparseConfig(top_k=a.top_k, rank=a.rank, window=a.window, dense_layers=a.dense_layers,
-                       full_every=a.full_every, min_context=min(4096, a.depth))
+    cfg = with_chosen_layers(tm, tok, SparseConfig(top_k=a.top_k, rank=a.rank, window=a.window,
+                                                   dense_layers=a.dense_layers, full_every=a.full_every,
+                                                   min_context=min(4096, a.depth),
+                                                   **({"indexers": a.indexers} if a.indexers else {})), print)
     sp = SparseAttention(cfg, model_basis(tm, tok, a.rank), pool, c.n_head)
     dense_view = retuned(sp, min_context=NEVER)
     seq = PagedSequence(pool, n_ctx, prefix)
@@ -322,6 +325,8 @@ def main() -> None:
     t.add_argument("--window", type=_count(1), default=256)
     t.add_argument("--dense-layers", type=_count(0), default=2)
     t.add_argument("--full-every", type=_count(1), default=1)
+    t.add_argument("--indexers", type=_count(1), default=None,
+                   help="sparse layers that own an indexer, chosen on calibration (default: the library's)")
     t.add_argument("--probes", type=_count(0), default=8, help="query rows for mass / recall after the timing (0: none)")
     t.add_argument("--pool-ctx", type=_count(0), default=0, help="pool size in tokens (a --state reused across depths)")
     t.add_argument("--state", help="npz of the filled context: resumed, saved after each fill run")

@@ -168,7 +168,7 @@ def test_exit_codes(tmp_path):
 class _FakeOurs:
     """Stands in for OursBench: fixed timings, no model."""
 
-    def __init__(self, model, threads, n_ctx, sparse=False, sparse_top_k=None):
+    def __init__(self, model, threads, n_ctx, sparse=False, sparse_top_k=None, sparse_indexers=None):
         self.depth = 0
         self.plan = f"fake plan for n_ctx {n_ctx}"
         self.sparse_top_k = (sparse_top_k or 1024) if sparse else None  # as OursBench: the top-k that runs

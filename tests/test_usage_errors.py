@@ -59,6 +59,8 @@ def test_llm_bad_arguments(files):
     (["--sparse", "--sparse-top-k", "-3"], "sparse_top_k"),
     (["--sparse", "--sparse-top-k", "abc"], "abc"),
     (["--sparse-top-k", "64"], "needs sparse"),
+    (["--sparse", "--sparse-indexers", "0"], "sparse_indexers"),
+    (["--sparse-indexers", "4"], "needs sparse"),
 ])
 def test_cli_usage_errors(files, args, fragment):
     proc = run_cli("generate", "-m", files["good"], *args, "hi")

@@ -50,6 +50,7 @@ class BenchSettings:
     n_ctx: int | None = None  # our context (None: LLM's default, the model's training context)
     sparse: bool = False  # ours with sparse attention (LLM's sparse, sparse_top_k)
     sparse_top_k: int | None = None
+    sparse_indexers: int | None = None  # LLM's sparse_indexers
 
     def ctx_needed(self) -> int:
         """Tokens the deepest test holds (plus a margin)."""
@@ -86,7 +87,8 @@ def run_bench(s: BenchSettings, builds: dict[str, Path], records: list[Record]) 
         for threads in s.threads:
             n_ctx = s.n_ctx or max(default_ctx(path), s.ctx_needed())
             log(f"== {name}, {threads} threads: loading (n_ctx {n_ctx}) ...")
-            ours = OursBench(str(path), threads, n_ctx, sparse=s.sparse, sparse_top_k=s.sparse_top_k)
+            ours = OursBench(str(path), threads, n_ctx, sparse=s.sparse, sparse_top_k=s.sparse_top_k,
+                             sparse_indexers=s.sparse_indexers)
             log(f"   plan: {ours.plan}")
             ours.warmup()
             for kind, n, depth in s.tests():

@@ -38,8 +38,9 @@ def default_ctx(path) -> int:
 
 class OursBench:
     def __init__(self, model: str, threads: int, n_ctx: int, seed: int = 0, sparse: bool = False,
-                 sparse_top_k: int | None = None):
-        self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False, sparse=sparse, sparse_top_k=sparse_top_k)
+                 sparse_top_k: int | None = None, sparse_indexers: int | None = None):
+        self.llm = LLM(model, threads=threads, n_ctx=n_ctx, progress=False, sparse=sparse, sparse_top_k=sparse_top_k,
+                       sparse_indexers=sparse_indexers)
         self.sparse = self.llm.engine.sparse  # SparseAttention or None
         self.sparse_top_k = None if self.sparse is None else self.sparse.config.top_k  # None: dense
         # keys from which rows run sparse (the planner's break-even; huge: never)

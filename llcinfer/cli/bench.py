@@ -61,14 +61,15 @@ def _int_list(value: str, what: str, minimum: int) -> list[int]:
 @click.option("--json", "json_path", default=None, help="Write the results as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a TPOT-vs-depth PNG here (needs matplotlib).")
 def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_path, build_llama_cpp,
-          alternate, fill, fill_limit, n_ctx, spec, spec_workload, sparse, sparse_top_k, json_path, plot_path):
+          alternate, fill, fill_limit, n_ctx, spec, spec_workload, sparse, sparse_top_k, sparse_indexers, json_path,
+          plot_path):
     """Measure prompt (ppP) and generation (tgN @ dD) speed, optionally against llama.cpp."""
     from ..bench import llama_bench, report
     from ..hw import cpu as machine
     from ..bench.compare import BenchSettings, log, run_bench
 
     thread_list = _int_list(threads, "--threads", 1)
-    check_sparse(sparse, sparse_top_k)
+    check_sparse(sparse, sparse_top_k, sparse_indexers)
     if sparse and spec is not None:
         raise UsageError("--sparse measures pp/tg; it does not combine with --spec")
     if spec is not None:
@@ -88,7 +89,8 @@ def bench(models, threads, n_prompt, n_gen, depth, repetitions, vs, llama_bench_
         vs = "llama.cpp"  # asking for a llama.cpp binary implies the comparison
     settings = BenchSettings(models=list(models) or [DEFAULT_MODEL], threads=thread_list, n_prompt=n_prompt,
                              n_gen=n_gen, depths=depths, reps=repetitions, alternate=alternate, fill=fill,
-                             fill_limit_s=fill_limit, n_ctx=n_ctx, sparse=sparse, sparse_top_k=sparse_top_k)
+                             fill_limit_s=fill_limit, n_ctx=n_ctx, sparse=sparse, sparse_top_k=sparse_top_k,
+                             sparse_indexers=sparse_indexers)
     if n_ctx is not None and n_ctx < settings.ctx_needed():
         raise UsageError(f"--ctx {n_ctx} is smaller than the deepest test needs ({settings.ctx_needed()} tokens)")
     builds = {}

@@ -23,7 +23,8 @@ HELP = "commands: /reset (clear history), /exit (quit); Ctrl-C stops a reply, Ct
 @spec_options
 @sampling_options
 @click.option("--system", default=None, help="System message that opens the conversation.")
-def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, system, **kw):
+def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, sparse_indexers, system,
+         **kw):
     """Chat with a model in the terminal."""
     spec = spec_kwargs(kw)
     sampling = sampling_kwargs(kw)
@@ -33,7 +34,8 @@ def chat(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_
     from ..api import LLM
 
     llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
-              kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, **spec)
+              kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, sparse_indexers=sparse_indexers,
+              **spec)
     llm.apply_chat_template([{"role": "user", "content": "x"}])  # no template: fail now
     base = [{"role": "system", "content": system}] if system else []
     history = list(base)

@@ -22,8 +22,8 @@ from .options import (kv_options, model_options, sampling_kwargs, sampling_optio
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--verbose", "-v", is_flag=True, help="Print prompt and generation speed on stderr.")
 @click.argument("prompt")
-def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, use_chat, system,
-             verbose, **kw):
+def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, sparse_indexers,
+             use_chat, system, verbose, **kw):
     """Complete PROMPT (use - to read it from stdin) and stream the text to stdout."""
     spec = spec_kwargs(kw)
     SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
@@ -34,7 +34,8 @@ def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, spa
     from ..api import LLM
 
     llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
-              kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, **spec)
+              kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, sparse_indexers=sparse_indexers,
+              **spec)
     if use_chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         pieces = llm.chat(messages, stream=True, **sampling_kwargs(kw))

@@ -35,7 +35,10 @@ def kv_options(f):
 
 
 def sparse_options(f):
-    """Sparse attention for long contexts (LLM's sparse, sparse_top_k)."""
+    """Sparse attention for long contexts (LLM's sparse, sparse_top_k, sparse_indexers)."""
+    f = click.option("--sparse-indexers", type=int, default=None,
+                     help="Only this many sparse layers own an indexer, chosen on calibration loss (minutes, once "
+                          "per model; default: all; needs --sparse).")(f)
     f = click.option("--sparse-top-k", type=int, default=None,
                      help="Tokens the sparse indexer picks (default 1024; needs --sparse).")(f)
     f = click.option("--sparse", is_flag=True,
@@ -44,12 +47,13 @@ def sparse_options(f):
     return f
 
 
-def check_sparse(sparse: bool, sparse_top_k: int | None) -> None:
+def check_sparse(sparse: bool, sparse_top_k: int | None, sparse_indexers: int | None = None) -> None:
     """The sparse options' bad combinations, as the options' names (before a model loads)."""
-    if sparse_top_k is not None and sparse_top_k < 1:
-        raise UsageError(f"--sparse-top-k must be >= 1 (got {sparse_top_k})")
-    if sparse_top_k is not None and not sparse:
-        raise UsageError("--sparse-top-k needs --sparse")
+    for name, value in (("--sparse-top-k", sparse_top_k), ("--sparse-indexers", sparse_indexers)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be >= 1 (got {value})")
+        if value is not None and not sparse:
+            raise UsageError(f"{name} needs --sparse")
 
 
 def spec_options(f):

@@ -53,15 +53,15 @@ def _sparse_note(llm, ctx: int) -> str:
 @click.option("--save-logits", default=None, help="Write this run's log-probabilities as a base file.")
 @click.option("--kl-divergence-base", "base_file", default=None,
               help="Compare with this base file (its tokens are scored; no --file needed).")
-def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, text_file, chunks,
-               save_logits, base_file):
+def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, sparse_indexers, text_file,
+               chunks, save_logits, base_file):
     """Perplexity of MODEL on --file in chunks of -c tokens (default 512; the second half of
     each is scored), as llama-perplexity computes it; with --kl-divergence-base, also the KL
     divergence and top-token agreement against the base (whose -c it takes)."""
     from ..bench.kld_base import read_base
     from ..bench.perplexity import perplexity as score
 
-    check_sparse(sparse, sparse_top_k)
+    check_sparse(sparse, sparse_top_k, sparse_indexers)
     if (text_file is None) == (base_file is None):
         raise UsageError("give either --file TEXT or --kl-divergence-base FILE")
     if base_file is not None and save_logits is not None:
@@ -76,7 +76,8 @@ def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, s
     from ..api import LLM
 
     llm = LLM(model, threads=threads, n_ctx=ctx, numerics=numerics, kv_type=kv_type,
-              kv_budget_mb=kv_budget_mb, n_seq=2, progress=False, sparse=sparse, sparse_top_k=sparse_top_k)
+              kv_budget_mb=kv_budget_mb, n_seq=2, progress=False, sparse=sparse, sparse_top_k=sparse_top_k,
+              sparse_indexers=sparse_indexers)
     try:
         tokens = base.tokens if base is not None else llm.tokenize(text)
         t0 = time.perf_counter()

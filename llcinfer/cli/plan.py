@@ -32,7 +32,7 @@ from .options import check_sparse, sparse_options
 @sparse_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, reprobe, replicas, sparse, sparse_top_k,
-         as_json):
+         sparse_indexers, as_json):
     """Plan cores, cache residency and tiles for MODEL; print the predicted TPOT and why, and
     the TPOT observed where the plan was measured here."""
     from ..model import catalog
@@ -46,7 +46,7 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
 
     if ctx < 1 or concurrency < 1:
         raise UsageError(f"--ctx and --concurrency must be at least 1 (got {ctx}, {concurrency})")
-    check_sparse(sparse, sparse_top_k)
+    check_sparse(sparse, sparse_top_k, sparse_indexers)
     asked = None if replicas is None else parse_replicas(replicas)
     if topology is not None:
         machine = load_topology(topology)
@@ -65,7 +65,8 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     verify, _ = predict_verify_cost(best, machine, work, cal)
     policy = None
     if sparse:
-        config = SparseConfig() if sparse_top_k is None else SparseConfig(top_k=sparse_top_k)
+        config = SparseConfig(**{k: v for k, v in (("top_k", sparse_top_k), ("indexers", sparse_indexers))
+                                 if v is not None})
         policy = sparse_policy(best, machine, work, config, cal)
     shown = asked if asked is not None else ("auto" if len(replica_core_sets(machine, "auto")) > 1 else None)
     rp = None if shown is None else plan_replicas(machine, work, shown, sync=sync)

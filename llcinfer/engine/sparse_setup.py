@@ -1,10 +1,13 @@
 """Turning sparse attention on for a model and its KV pool: the index-key basis from the
 cache beside the repacked weights, or calibrated now on the standard library's sources
-(sparse/basis.py), then a SparseAttention the forward pass uses; the context from which
-rows run sparse is the planner's (``planned_sparse``)."""
+(sparse/basis.py), then a SparseAttention the forward pass uses; which sparse layers own
+an indexer is chosen on calibration when the configuration asks for fewer than all
+(``with_chosen_layers``), and the context from which rows run sparse is the planner's
+(``planned_sparse``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -14,11 +17,14 @@ from ..planner import Calibration, cache_key, detect_machine, workload_from_mode
 from ..planner.sparse_policy import SparsePolicy, sparse_policy
 from ..kv import KVPool
 from ..sparse import SparseAttention, SparseConfig, basis_file, fit_basis, load_basis, rotate_to, save_basis, stdlib_text
+from ..sparse.layer_choice import choice_file, load_choice, save_choice
 from .calibrate_sparse import ensure_sparse_calibration
+from .sparse_layers import choose_full_layers
 from .transformer import Transformer
 
 CALIBRATION_TOKENS = 4096  # of stdlib text; measured in perf/sparse_bench.py
 _CHUNK = 512  # prompt tokens per forward pass while calibrating
+LAYER_TOKENS, LAYER_PROBES = 6144, 32  # calibration text and probe rows of the layer choice
 
 
 def calibrate_basis(model: Transformer, tokens: list[int], rank: int, seed: int = 0) -> np.ndarray:
@@ -59,6 +65,28 @@ def enable_sparse(model: Transformer, tokenizer: Tokenizer, pool: KVPool, config
     sp = SparseAttention(config, model_basis(model, tokenizer, config.rank), pool, model.config.n_head)
     model.sparse = sp
     return sp
+
+
+def with_chosen_layers(model: Transformer, tokenizer: Tokenizer, config: SparseConfig, log,
+                       n_tokens: int = LAYER_TOKENS, probes: int = LAYER_PROBES) -> SparseConfig:
+    """``config`` with its ``indexers`` full layers chosen on calibration loss
+    (sparse/layer_choice.py, engine/sparse_layers.py; progress to ``log``), once per model
+    and selection rule and cached beside the basis; ``config`` itself when it asks for an
+    indexer on every sparse layer or names its full layers."""
+    n_sparse = model.config.n_layer - config.dense_layers
+    if config.indexers is None or config.full_layers or not 1 <= config.indexers < n_sparse:
+        return config
+    path = choice_file(basis_file(model.gguf.path, config.rank), config, config.indexers)
+    full = load_choice(path, n_sparse, config.indexers)
+    if full is None:
+        log(f"choosing the {config.indexers} of {n_sparse} sparse layers that own an indexer (once per model)")
+        t0 = time.perf_counter()
+        full, kl = choose_full_layers(model, tokenizer, model_basis(model, tokenizer, config.rank), config,
+                                      config.indexers, n_tokens, probes, log)
+        save_choice(path, full)
+        log(f"  layers {', '.join(str(config.dense_layers + f) for f in full)}: KL {kl:.5f} from dense "
+            f"({time.perf_counter() - t0:.1f} s)")
+    return replace(config, full_layers=tuple(config.dense_layers + f for f in full))
 
 
 NEVER = 1 << 40  # min_context of a configuration the planner predicts never to pay

@@ -44,7 +44,8 @@ BLOCK_SIZE = 16  # tokens per KV block (kv.DEFAULT_BLOCK_SIZE)
 def select_key(config, sparse) -> str:
     """Key of a measured selection cost: the head shape and the sparse configuration."""
     return (f"{config.n_head}/{config.n_kv_head}x{config.head_dim} r{sparse.rank} k{sparse.top_k} s{sparse.sink} "
-            f"w{sparse.window} d{sparse.dense_layers} f{sparse.full_every} L{config.n_layer}")
+            f"w{sparse.window} d{sparse.dense_layers} f{sparse.n_full(config.n_layer)} "
+            f"L{config.n_layer}")
 
 
 class Layers:
@@ -52,7 +53,7 @@ class Layers:
 
     def __init__(self, n_layer: int, sparse):
         kinds = sparse.layer_kinds(n_layer)
-        self.n_layer, self.dense, self.full = n_layer, kinds.count("dense"), kinds.count("full")
+        self.n_layer, self.dense, self.full = n_layer, kinds.count("dense"), sparse.n_full(n_layer)
         bs = BLOCK_SIZE
         self.fixed_blocks = -(-sparse.sink // bs) + -(-sparse.window // bs)
         self.kept_blocks = self.fixed_blocks + -(-sparse.top_k // bs)

@@ -48,6 +48,8 @@ class SparseConfig:
     min_context: int = 4096  # rows with fewer keys attend densely
     dense_layers: int = 2  # the first layers stay dense
     full_every: int = 1  # every n-th sparse layer owns an indexer, the others reuse its selection
+    indexers: int | None = None  # or only this many, chosen on calibration loss (layer_choice.py)
+    full_layers: tuple = ()  # or these layers own one (the first sparse layer among them)
     rank: int = 16  # index key dims per KV head
     phi: str = "exp"  # relu: 5-7 % less mass at top_k 1024 (SmolLM2, d8000)
     agg: str = "sum"  # perf/sparse_bench.py quality: sum and max equal in mass, sum +3-5 % recall
@@ -59,10 +61,24 @@ class SparseConfig:
             raise UsageError("sparse top_k, sink, window, full_every and rank must be positive")
         if self.rank % 4:
             raise UsageError(f"sparse rank must be a multiple of 4 (got {self.rank})")
+        if self.indexers is not None and self.indexers < 1:
+            raise UsageError(f"sparse indexers must be positive (got {self.indexers})")
+        if self.full_layers and (self.dense_layers not in self.full_layers or min(self.full_layers) < self.dense_layers
+                                 or len(set(self.full_layers)) != len(self.full_layers)):
+            raise UsageError(f"sparse full_layers {self.full_layers} must be distinct sparse layers, the first "
+                             f"sparse layer ({self.dense_layers}) among them")
+
+    def n_full(self, n_layer: int) -> int:
+        """Layers that own an indexer (``indexers`` of them once chosen or not)."""
+        n_sparse = max(0, n_layer - self.dense_layers)
+        if self.indexers is not None and not self.full_layers:
+            return min(self.indexers, n_sparse)
+        return self.layer_kinds(n_layer).count("full")
 
     def layer_kinds(self, n_layer: int) -> list[str]:
-        return ["dense" if li < self.dense_layers else
-                "full" if (li - self.dense_layers) % self.full_every == 0 else "shared" for li in range(n_layer)]
+        def full(li):
+            return li in self.full_layers if self.full_layers else (li - self.dense_layers) % self.full_every == 0
+        return ["dense" if li < self.dense_layers else "full" if full(li) else "shared" for li in range(n_layer)]
 
 
 @dataclass

@@ -70,9 +70,8 @@ class SparseConfig:
 
     def n_full(self, n_layer: int) -> int:
         """Layers that own an indexer (``indexers`` of them once chosen or not)."""
-        n_sparse = max(0, n_layer - self.dense_layers)
-        if self.indexers is not None and not self.full_layers:
-            return min(self.indexers, n_sparse)
+        if self.indexers is not None and not self.full_layers and self.indexers < n_layer - self.dense_layers:
+            return self.indexers  # before with_chosen_layers names them
         return self.layer_kinds(n_layer).count("full")
 
     def layer_kinds(self, n_layer: int) -> list[str]:

@@ -179,7 +179,7 @@ class Transformer:
         attn = np.empty((M, c.n_head, c.head_dim), np.float32)  # [M, H, D]
         rnd = self.llama_rounding
         sp = self.sparse
-        selected = [{} for _ in chunks]  # per chunk: row -> blocks chosen by the last full layer (sparse)
+        selected = [{} for _ in chunks]  # per chunk: the last full layer's tables and keys (SparseAttention.attend)
         for li, lw in enumerate(w.layers):
             K.rms_norm(x, lw.attn_norm, c.rms_eps, h)
             q, k, v = K.linear_many(h, [lw.wq, lw.wk, lw.wv], rnd)  # [M, H*D], [M, KVH*D], [M, KVH*D]

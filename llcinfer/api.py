@@ -73,7 +73,7 @@ class LLM:
             steps at start-up and keep the faster (``LLCINFER_CALIBRATE=0`` turns it off,
             and the first-use kernel calibration with it).
         sparse: sparse attention for long contexts: rows with at least ``min_context`` keys
-            attend to the first tokens, the last 256 and the ``sparse_top_k`` tokens (whole
+            attend to the first tokens, the last 256 and the top-k tokens (whole
             16-token blocks) a low-rank indexer of the model's own keys scores highest; the
             first two layers stay dense.  ``min_context`` is the planner's: the context from
             which the sparse step is predicted faster than the dense one on this machine
@@ -81,7 +81,8 @@ class LLM:
             first use (seconds, once per model, cached beside the repacked weights), and so
             is its selection cost (once per machine).  Decode steps run it on the executor.
             Not with ``speculative``.
-        sparse_top_k: tokens the indexer picks (default 1024).
+        sparse_top_k: tokens the indexer picks, fixed (default: 1024, or 1/16 of a row's keys
+            where that is more).
         sparse_indexers: only this many of the sparse layers own an indexer, the others
             reuse the selection of the last one before them; which ones is chosen on
             calibration loss (IndexCache's greedy search: KL divergence from dense on the
@@ -111,8 +112,7 @@ class LLM:
         if sparse and speculative not in (None, "none"):
             raise UsageError("sparse attention and speculative decoding do not combine yet (draft tree rows "
                              "move K/V the index cache does not follow)")
-        sparse_config = SparseConfig(**{k: v for k, v in (("top_k", sparse_top_k), ("indexers", sparse_indexers))
-                                        if v is not None}) if sparse else None
+        sparse_config = SparseConfig.from_options(sparse_top_k, sparse_indexers) if sparse else None
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
         self.threads = set_threads(threads)

@@ -2,7 +2,7 @@
 than the calibration reads them): selection quality per layer, and decode TPOT.
 
     python perf/sparse_bench.py quality -m smollm2-135m --depth 8000 [--probes 16]
-    python perf/sparse_bench.py tpot -m smollm2-135m --depth 8000 [-n 24] [--top-k 1024]
+    python perf/sparse_bench.py tpot -m smollm2-135m --depth 8000 [-n 24] [--top-k 1024] [--top-k-per 16]
     python perf/sparse_bench.py tpot -m qwen2.5-coder-0.5b --depth 32768 --pool-ctx 32832 \
         --state /tmp/qwen.npz --fill-budget 480        (repeat until filled)
 
@@ -54,7 +54,6 @@ from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
 from llcinfer.model.tokenizer import Tokenizer  # noqa: E402
 from llcinfer.planner import Calibration, cache_key, detect_machine  # noqa: E402
 from llcinfer.sparse import SparseAttention, SparseConfig, stdlib_text  # noqa: E402
-from llcinfer.sparse.attention import AGGS, PHIS  # noqa: E402
 
 NEVER = 1 << 40  # min_context that keeps every row dense
 
@@ -72,9 +71,7 @@ def retuned(sp: SparseAttention, **changes) -> SparseAttention:
     """A view of ``sp`` (same basis and index cache) with another config."""
     v = copy.copy(sp)
     v.config = dataclasses.replace(sp.config, **changes)
-    v.phi, v.agg = PHIS[v.config.phi], AGGS[v.config.agg]
-    v.k_blocks = -(-v.config.top_k // sp.pool.block_size)
-    v.conf = v.kernel_conf()
+    v.conf = v.config.kernel_conf(sp.pool.block_size)
     return v
 
 
@@ -160,7 +157,7 @@ def quality(a) -> dict:
     print(f"filled {seq.n_tokens} tokens in {time.perf_counter() - t0:.1f} s")
     variants = [(r, phi, agg, k) for r in a.ranks for phi in ("exp", "relu") for agg in ("max", "sum")
                 for k in a.top_k]
-    views = {v: retuned(base[v[0]], phi=v[1], agg=v[2], top_k=v[3]) for v in variants}
+    views = {v: retuned(base[v[0]], phi=v[1], agg=v[2], top_k=v[3], top_k_per=0) for v in variants}
     res, shared = evaluate(tm, seq, rec, views, a.probes)
     out = {"model": a.model, "depth": seq.n_tokens, "probes": a.probes, "variants": []}
     print(f"{'rank':>4} {'phi':>4} {'agg':>3} {'top_k':>5} | mass  recall | oracle blk tok | shared-prev mass"
@@ -215,7 +212,7 @@ def tpot(a) -> dict:
     toks = eval_tokens(tok, a.depth + a.n + a.probes)
     n_ctx = max(a.pool_ctx, a.depth + a.n + a.probes + 16)
     pool, prefix = tm.new_pool(n_ctx, kv_type="f16", prefix_sharing=False)
-    cfg = with_chosen_layers(tm, tok, SparseConfig(top_k=a.top_k, rank=a.rank, window=a.window,
+    cfg = with_chosen_layers(tm, tok, SparseConfig(top_k=a.top_k, top_k_per=a.top_k_per, rank=a.rank, window=a.window,
                                                    dense_layers=a.dense_layers, full_every=a.full_every,
                                                    min_context=min(4096, a.depth),
                                                    **({"indexers": a.indexers} if a.indexers else {})), print)
@@ -321,6 +318,7 @@ def main() -> None:
     t = sub.choices["tpot"]
     t.add_argument("-n", type=_count(1), default=24, help="decode steps (half dense, half sparse)")
     t.add_argument("--top-k", type=_count(1), default=1024)
+    t.add_argument("--top-k-per", type=_count(0), default=16, help="and 1/N of the keys where more (0: top-k fixed)")
     t.add_argument("--rank", type=_count(1), default=16)
     t.add_argument("--window", type=_count(1), default=256)
     t.add_argument("--dense-layers", type=_count(0), default=2)

@@ -69,13 +69,15 @@ def index_arrays(rng, n_keys, KVH, r, bs, spare):
 
 @pytest.mark.parametrize("phi", [0, 1])
 @pytest.mark.parametrize("agg", [0, 1])
-@pytest.mark.parametrize("n_keys, k_blocks, bs, isa, M", [(333, 5, 16, "avx512vnni", 1), (1001, 17, 16, "avx512vnni", 3),
-                                                          (97, 1, 16, "avx512vnni", 1), (1001, 17, 16, "avx2", 5),
-                                                          (203, 9, 4, "avx512vnni", 7)])
-def test_select_rows_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa, M):
+@pytest.mark.parametrize("n_keys, top_blocks_, k_per, bs, isa, M", [
+    (333, 5, 0, 16, "avx512vnni", 1), (1001, 17, 0, 16, "avx512vnni", 3), (97, 1, 0, 16, "avx512vnni", 1),
+    (1001, 17, 0, 16, "avx2", 5), (203, 9, 0, 4, "avx512vnni", 7), (1001, 5, 8, 16, "avx2", 3),
+    (2049, 5, 7, 4, "avx512vnni", 6)])
+def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, isa, M):
     """Each of M consecutive rows (the last with n_keys keys): scores of every candidate
     block against the oracle (fastmath sums, Cephes exp: rtol 1e-4), the k best picked
-    (ties either way), the table [sinks, chosen, window] and the keys it holds."""
+    (ties either way; k = max(top-k blocks, the row's blocks // k_per) with k_per), the
+    table [sinks, chosen, window] and the keys it holds."""
     from llcinfer.kernels.isa import supported_isas
     if isa not in supported_isas():
         pytest.skip(f"{isa} not on this CPU")
@@ -88,7 +90,7 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa, M):
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
     nb = len(table)
     window = n_keys - (nb - 2) * bs  # the last row keeps 2 window blocks
-    conf = np.array([1, bs, window, k_blocks, phi, agg], np.int64)  # SP_*: min_context, sink (1 block), ...
+    conf = np.array([1, bs, window, top_blocks_, phi, agg, k_per], np.int64)  # SP_*: min_context, sink (1 block), ...
     scores, sel = np.full((M, nb), np.nan, np.float32), np.full((M, nb), -1, np.int32)
     keys = np.zeros(M, np.int64)
     n_past = n_keys - M
@@ -97,6 +99,7 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa, M):
     for m in range(M):
         n = n_past + m + 1
         nb_m = -(-n // bs)
+        k_blocks = max(top_blocks_, nb_m // k_per) if k_per else top_blocks_
         n_sink, n_win = kept_blocks(n, bs, bs, window)
         want = naive.block_scores(qt[m], q[:n], s[:n], G, phi, agg, w, n_sink, n_win, bs)  # [candidates]
         if want.size <= k_blocks:  # nothing to drop: the row's own table

@@ -242,7 +242,7 @@ class DecodeExecutor:
         if pool is not sp.pool:
             raise ValueError("executor step: sparse attention follows another KV pool than this step's")
         return dict(sp_idx=sp.index.idx, sp_isc=sp.index.isc, sp_basis=sp.basis, sp_hbasis=sp.head_basis,
-                    sp_w=sp.weights, sp_slot=sp.index.slot_of, sp_conf=sp.kernel_conf(),
+                    sp_w=sp.weights, sp_slot=sp.index.slot_of, sp_conf=sp.conf,
                     sel_tables=np.zeros((M, cap), np.int32),  # [M, blocks] each row's gathered table
                     sel_n=np.zeros(M, np.int64),  # [M] keys it holds
                     sp_scores=np.zeros((M, pool.n_blocks), f32),  # [M, blocks] candidate block scores

@@ -42,9 +42,10 @@ _NEG = np.float32(-3.0e38)
 # a pair on Zen 4, so 6144 pairs take ~60 us, about a parallel region's launch
 PARALLEL_WORK = 6144
 PAD_LANES = 16  # the index arrays' padding: a vector of up to 16 lanes read at the last token
-# fields of the int64 config row_selection reads (SparseAttention.kernel_conf)
-SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG = range(6)
-SP_FIELDS = 6
+# fields of the int64 config row_selection reads (SparseAttention.kernel_conf); a row picks
+# max(SP_K_BLOCKS, its blocks // SP_K_PER) candidate blocks (SP_K_PER 0: SP_K_BLOCKS)
+SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG, SP_K_PER = range(7)
+SP_FIELDS = 7
 # fields of the per-layer counts the executor keeps of its sparse rows (SparseAttention.count_into)
 COUNT_ROWS, COUNT_ATTENDED, COUNT_TOTAL, COUNT_SELECTIONS = range(4)
 COUNT_FIELDS = 4
@@ -252,12 +253,20 @@ def kept_blocks(n_keys, bs, sink, window):
 
 
 @kernel
+def row_k_blocks(n_keys, bs, conf):
+    """Candidate blocks a row with ``n_keys`` keys picks: the top-k's, or one in every
+    conf[SP_K_PER] of its blocks where that is more."""
+    nb = (n_keys + bs - 1) // bs
+    return max(conf[SP_K_BLOCKS], nb // conf[SP_K_PER]) if conf[SP_K_PER] > 0 else conf[SP_K_BLOCKS]
+
+
+@kernel
 def row_selects(n_keys, bs, conf):
     """Whether a row with ``n_keys`` keys runs the scorer: at least conf[SP_MIN_CONTEXT]
-    keys and more candidate blocks than the top-k (else it attends every key)."""
+    keys and more candidate blocks than it picks (else it attends every key)."""
     nb = (n_keys + bs - 1) // bs
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
-    return n_keys >= conf[SP_MIN_CONTEXT] and nb - n_sink - n_win > conf[SP_K_BLOCKS]
+    return n_keys >= conf[SP_MIN_CONTEXT] and nb - n_sink - n_win > row_k_blocks(n_keys, bs, conf)
 
 
 @kernel
@@ -297,5 +306,5 @@ def gather_selection(table, n_keys, bs, conf, scores, out):
             out[i] = table[i]
         return n_keys
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
-    n = _gather_top(scores, table, nb, n_sink, n_win, conf[SP_K_BLOCKS], out)
+    n = _gather_top(scores, table, nb, n_sink, n_win, row_k_blocks(n_keys, bs, conf), out)
     return (n - 1) * bs + n_keys - (nb - 1) * bs  # every gathered block is full but the last

@@ -5,6 +5,8 @@ than the calibration reads them): selection quality per layer, and decode TPOT.
     python perf/sparse_bench.py tpot -m smollm2-135m --depth 8000 [-n 24] [--top-k 1024] [--top-k-per 16]
     python perf/sparse_bench.py tpot -m qwen2.5-coder-0.5b --depth 32768 --pool-ctx 32832 \
         --state /tmp/qwen.npz --fill-budget 480        (repeat until filled)
+    python perf/sparse_bench.py tpot -m smollm2-135m --depth 8000 -n 120 --reuse-steps 4
+    python perf/sparse_bench.py ppl -m smollm2-135m -c 8192 --variant dense reuse_steps=0 reuse_steps=4
 
 quality: the context is filled densely (index keys written), then ``--probes`` rows at the
 end run as one chunk and their query rows are kept.  For each probe row and layer, dense
@@ -18,12 +20,16 @@ block score, top-k, rank, layer policy) picks its blocks through the real kernel
 
 tpot: the context is filled once (dense attention, index keys written), over several runs
 if --fill-budget stops it (--state keeps the pool); then decode steps alternate dense and
-sparse on the same sequence (A B A B, one token each, on the decode executor as LLM runs
-them: a dense executor and a sparse one sharing the workers) and the medians are
+sparse on the same sequence (A B A B, --block tokens each, on the decode executor as LLM
+runs them: a dense executor and a sparse one sharing the workers; with --reuse-steps a
+third, reusing selections across steps, in blocks of at least 2 (R + 1) steps so that its
+scoring steps count at their share) and the medians of the blocks' mean step times are
 compared (the dense steps write no index keys: their tokens stay in the window), and
 printed beside the planner's prediction for that depth (planner/sparse_policy.py: the
 plan LLM runs at n_ctx = depth, this machine's calibration); then --probes rows report
 the mass and recall of the selection at the run's top_k.  2 threads by default.
+
+ppl: perplexity of the same LLM under several sparse configurations, set in place.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from llcinfer.model import catalog  # noqa: E402
 from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
 from llcinfer.model.tokenizer import Tokenizer  # noqa: E402
 from llcinfer.planner import Calibration, cache_key, detect_machine  # noqa: E402
+from llcinfer.kernels.sparse_index import COUNT_REUSED, COUNT_SELECTIONS  # noqa: E402
 from llcinfer.sparse import SparseAttention, SparseConfig, stdlib_text  # noqa: E402
 
 NEVER = 1 << 40  # min_context that keeps every row dense
@@ -232,23 +239,37 @@ def tpot(a) -> dict:
         save_state(state, pool, seq, sp, toks[:seq.n_tokens])
     if seq.n_tokens < a.depth:
         raise SystemExit(f"fill not done: run again with --state {state}" if state else "fill not done")
-    times = {"dense": [], "sparse": []}
+    views = {"dense": None, "sparse": sp}
+    if a.reuse_steps:  # a third kind: the same selection rule, reusing across steps
+        views["reuse"] = retuned(sp, reuse_steps=a.reuse_steps, reuse_cos=a.reuse_cos)
+    block = max(a.block, 2 * (a.reuse_steps + 1)) if a.reuse_steps else a.block  # consecutive steps of a kind
+    blocks = {k: [] for k in views}  # per kind: mean step time of each block
     tm.sparse = None
     wait_loaded()  # the steady state: weights on 2 MiB pages
     ex = {"dense": DecodeExecutor(tm, default_domains(a.threads))}
-    tm.sparse = sp
-    ex["sparse"] = DecodeExecutor(tm, default_domains(a.threads), workers=ex["dense"].workers)
+    for k in views:
+        if k != "dense":
+            tm.sparse = views[k]
+            ex[k] = DecodeExecutor(tm, default_domains(a.threads), workers=ex["dense"].workers)
     fill_stats = sp.totals()
-    for i in range(a.n):
-        kind = ("dense", "sparse")[i % 2]
-        tm.sparse = sp if kind == "sparse" else None
+    kinds = list(views)
+    for b in range(a.n // block):
+        kind = kinds[b % len(kinds)]
+        tm.sparse = views[kind]
         t = time.perf_counter()
-        ex[kind].step([seq], [toks[a.depth + i]])
-        times[kind].append(time.perf_counter() - t)
-    ex["sparse"].close()
-    ex["dense"].close()
+        for i in range(b * block, (b + 1) * block):
+            ex[kind].step([seq], [toks[a.depth + i]])
+        blocks[kind].append((time.perf_counter() - t) / block)
+    reused = int(ex["reuse"].sparse_counts[..., COUNT_REUSED].sum()) if "reuse" in ex else 0
+    scored_reuse = int(ex["reuse"].sparse_counts[..., COUNT_SELECTIONS].sum()) if "reuse" in ex else 0
+    for e in ex.values():
+        e.close()
     tm.sparse = sp
-    med = {k: statistics.median(v[1:]) * 1e3 for k, v in times.items()}  # first of each: warm-up
+    med = {k: statistics.median(v[1:]) * 1e3 for k, v in blocks.items()}  # first block of each: warm-up
+    if "reuse" in med:
+        print(f"reuse (up to {a.reuse_steps} steps back, cosine >= {a.reuse_cos}): {med['reuse']:.2f} ms "
+              f"({med['reuse'] / med['sparse']:.3f}x of sparse); {reused} of {reused + scored_reuse} full-layer "
+              f"selections reused", flush=True)
     run = sp.totals()
     frac = (run.keys_attended - fill_stats.keys_attended) / max(1, run.keys_total - fill_stats.keys_total)
     st = sp.kv_stats()
@@ -256,7 +277,9 @@ def tpot(a) -> dict:
           f"sparse {med['sparse']:.2f} ms ({med['sparse'] / med['dense']:.2f}x); keys attended {frac:.3f}; "
           f"index {st['index_bytes_per_token']} B/token vs KV {st['kv_bytes_per_token']} B/token", flush=True)
     out = {"model": a.model, "depth": a.depth, "threads": a.threads, "config": dataclasses.asdict(cfg),
-           "tpot_ms": med, "tpot_ms_all": times, "keys_fraction": frac, "fill_s_this_run": t_fill, **st,
+           "block": block, "reuse": {"steps": a.reuse_steps, "cos": a.reuse_cos, "reused": reused,
+                                     "scored": scored_reuse},
+           "tpot_ms": med, "tpot_ms_all": blocks, "keys_fraction": frac, "fill_s_this_run": t_fill, **st,
            "predicted": predicted(tm, a, cfg)}
     pr = out["predicted"]
     print(f"planner ({pr['plan']}, selection costs {pr['rates']}): dense {pr['dense_ms']:.2f} ms, sparse "
@@ -275,6 +298,35 @@ def tpot(a) -> dict:
         print(f"sparse layers, {a.probes} probes at top_k {a.top_k}: mass {r[0]:.3f}, recall {r[1]:.3f} "
               f"(block oracle {r[2]:.3f}, token oracle {r[3]:.3f})")
     tm.sparse = None
+    return out
+
+
+def ppl(a) -> dict:
+    """Perplexity of ``--chunks`` chunks of ``-c`` tokens (llama-perplexity's method,
+    bench/perplexity.py) under each ``--variant`` of the sparse configuration, on one
+    ``LLM(sparse=True)`` (so min_context is its planner's) and the same text; a variant
+    is "dense" or SparseConfig fields "name=value,..." set in place between runs."""
+    from llcinfer.api import LLM
+    from llcinfer.bench.perplexity import perplexity
+
+    llm = LLM(a.model, threads=a.threads, n_ctx=a.ctx, n_seq=2, progress=False, sparse=True)
+    tokens = llm.tokenize(stdlib_text(560000, reverse=True))  # the text of `llcinfer perplexity -f stdlib.txt`
+    sp = llm.model.sparse
+    base, bs, out = sp.config, sp.pool.block_size, {"model": a.model, "ctx": a.ctx, "chunks": a.chunks, "runs": []}
+    print(f"{a.model} -c {a.ctx}, {a.chunks} chunks, rows sparse from {base.min_context} keys", flush=True)
+    for variant in a.variant:
+        changes = {"min_context": NEVER} if variant == "dense" else {
+            k: type(getattr(base, k))(v) for k, v in (kv.split("=") for kv in variant.split(","))}
+        sp.config = dataclasses.replace(base, **changes)
+        sp.conf[:] = sp.config.kernel_conf(bs)  # in place: the arrays the kernels were given
+        before = sp.totals()
+        t0 = time.perf_counter()
+        res = perplexity(llm, tokens, a.ctx, a.chunks)
+        dt, after = time.perf_counter() - t0, sp.totals()
+        (p, err), sel, reused = res.ppl, after.selections - before.selections, after.reused - before.reused
+        print(f"{variant:>32}: PPL {p:.4f} +/- {err:.4f}  {dt:.1f} s  scorer runs {sel}, reused {reused}", flush=True)
+        out["runs"].append({"variant": variant, "ppl": p, "err": err, "s": dt, "selections": sel, "reused": reused})
+    llm.close()
     return out
 
 
@@ -316,7 +368,10 @@ def main() -> None:
     q.add_argument("--ranks", type=_count(1), nargs="+", default=[16])
     q.add_argument("--top-k", type=_count(1), nargs="+", default=[512, 1024, 2048])
     t = sub.choices["tpot"]
-    t.add_argument("-n", type=_count(1), default=24, help="decode steps (half dense, half sparse)")
+    t.add_argument("-n", type=_count(1), default=24, help="decode steps (in blocks: dense, sparse[, reuse])")
+    t.add_argument("--block", type=_count(1), default=1, help="consecutive steps of one kind (A B A B blocks)")
+    t.add_argument("--reuse-steps", type=_count(0), default=0, help="also time selection reuse up to N steps back")
+    t.add_argument("--reuse-cos", type=float, default=0.9, help="its query cosine gate")
     t.add_argument("--top-k", type=_count(1), default=1024)
     t.add_argument("--top-k-per", type=_count(0), default=16, help="and 1/N of the keys where more (0: top-k fixed)")
     t.add_argument("--rank", type=_count(1), default=16)
@@ -329,9 +384,16 @@ def main() -> None:
     t.add_argument("--pool-ctx", type=_count(0), default=0, help="pool size in tokens (a --state reused across depths)")
     t.add_argument("--state", help="npz of the filled context: resumed, saved after each fill run")
     t.add_argument("--fill-budget", type=float, default=1e9, help="seconds of filling in this run")
+    v = sub.add_parser("ppl")
+    v.add_argument("-m", "--model", required=True)
+    v.add_argument("-c", "--ctx", type=_count(4), default=8192)
+    v.add_argument("--chunks", type=_count(1), default=1)
+    v.add_argument("--threads", type=_count(1), default=2)
+    v.add_argument("--variant", nargs="+", default=["dense", "reuse_steps=0", "reuse_steps=4,reuse_cos=0.9"])
+    v.add_argument("--json")
     a = ap.parse_args()
     jit.set_threads(a.threads)
-    out = quality(a) if a.cmd == "quality" else tpot(a)
+    out = {"quality": quality, "tpot": tpot, "ppl": ppl}[a.cmd](a)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

@@ -90,7 +90,7 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, is
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
     nb = len(table)
     window = n_keys - (nb - 2) * bs  # the last row keeps 2 window blocks
-    conf = np.array([1, bs, window, top_blocks_, phi, agg, k_per], np.int64)  # SP_*: min_context, sink (1 block), ...
+    conf = np.array([1, bs, window, top_blocks_, phi, agg, k_per, 0, 0], np.int64)  # SP_*: min_context, sink, ...
     scores, sel = np.full((M, nb), np.nan, np.float32), np.full((M, nb), -1, np.int32)
     keys = np.zeros(M, np.int64)
     n_past = n_keys - M
@@ -112,6 +112,50 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, is
         assert (sel[m, :n_sink] == table[:n_sink]).all()
         assert (sel[m, n_sink + k_blocks:n_sink + k_blocks + n_win] == table[nb_m - n_win:nb_m]).all()
         assert keys[m] == (n_sink + k_blocks + n_win - 1) * bs + n - (nb_m - 1) * bs
+
+
+@pytest.mark.parametrize("reuse, cos_min", [(3, -1.0), (2, 0.8), (40, 0.95)])
+def test_select_rows_reuse_matches_oracle(reuse, cos_min):
+    """With reuse_steps R: row m takes the blocks of the last row a before it that scored
+    when m - a <= R and the mean cosine of their projected query heads >= cos_min:
+    [sinks, a's chosen blocks, every block from a's window on] (sparse_reuse.py)."""
+    rng = np.random.default_rng(reuse)
+    KVH, G, r, bs, M, n_keys = 2, 3, 16, 16, 24, 1200
+    H = KVH * G
+    table, q, s, idx, isc = index_arrays(rng, n_keys, KVH, r, bs, 5)
+    base = rng.standard_normal((H, r))
+    qt = (base + rng.uniform(0, 0.9, (M, 1, 1)) * rng.standard_normal((M, H, r))).astype(np.float32)  # [M, H, r]
+    hbasis = np.broadcast_to(np.eye(r, dtype=np.float32), (H, r, r)).copy()  # [H, r, D = r]
+    w = np.ones(H, np.float32)
+    conf = SparseConfig(top_k=5 * bs, sink=bs, window=3 * bs, min_context=1, reuse_steps=reuse, reuse_cos=cos_min,
+                        top_k_per=0).kernel_conf(bs)
+    nb = len(table)
+    scores, sel = np.zeros((M, nb), np.float32), np.full((M, nb), -1, np.int32)
+    keys = np.zeros(M, np.int64)
+    n_past = n_keys - M
+    reused = select_rows(qt, hbasis, 1.0, idx, isc, 0, table, n_past, bs, conf, w, 2, scores, sel, keys,
+                         make_tag("avx2"))
+    cos = lambda x, y: np.mean(np.sum(x * y, 1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1))  # noqa: E731
+    a, want_reused = 0, 0
+    for m in range(M):
+        n = n_past + m + 1
+        nb_m = -(-n // bs)
+        n_sink, n_win = kept_blocks(n, bs, bs, 3 * bs)
+        if m and m - a <= reuse and cos(qt[m].astype(np.float64), qt[a].astype(np.float64)) >= cos_min:
+            want_reused += 1
+            a_nb = -(-(n_past + a + 1) // bs)
+            a_win = kept_blocks(n_past + a + 1, bs, bs, 3 * bs)[1]
+            want = np.concatenate([table[:n_sink], sel[a, n_sink:n_sink + 5], table[a_nb - a_win:nb_m]])
+        else:
+            a = m
+            fresh = np.full((1, nb), -1, np.int32)
+            k1 = np.zeros(1, np.int64)
+            select_rows(qt[m:m + 1], hbasis, 1.0, idx, isc, 0, table, n - 1, bs, conf, w, 2, scores[:1], fresh, k1,
+                        make_tag("avx2"))  # the row alone scores
+            want = fresh[0, :n_sink + 5 + n_win]
+        assert np.array_equal(sel[m, :len(want)], want), m
+        assert keys[m] == (len(want) - 1) * bs + n - (nb_m - 1) * bs
+    assert reused == want_reused and (0 < reused < M - 1 if cos_min > 0 else reused > 0)
 
 
 def test_top_blocks_ties_and_short_input():
@@ -168,7 +212,7 @@ def test_sparse_chunk_rows_equal_rows_alone(n_keys, M, full_every):
     pool, seq, k, v = filled_sequence(rng, n_keys, KVH, D, bs, L)
     n_past = n_keys - M
     cfg = SparseConfig(top_k=12, sink=4, window=8, min_context=n_past + 4, dense_layers=0, full_every=full_every,
-                       rank=8)
+                       rank=8, reuse_steps=0)  # a row alone has no earlier row to reuse
     sp = SparseAttention(cfg, random_basis(rng, L, KVH, 8, D), pool, H)
     tables = seq.table[None, :seq.n_blocks]
     for li in range(L):
@@ -290,4 +334,5 @@ def test_llm_sparse_surface(tiny):
     st = llm.kv_stats()
     assert st["index_full_layers"] == 1 and st["index_bytes_per_token"] == 1 * 2 * (16 + 4)
     assert st["index_bytes_per_token_all_layers"] == 3 * 2 * 20 and st["kv_bytes_per_token"] > 0
-    assert st["sparse_rows"] == 0 and st["sparse_keys_fraction"] is None
+    assert st["sparse_rows"] == 0 and st["sparse_keys_fraction"] is None and st["sparse_reused"] == 0
+    assert llm.engine.sparse.config.top_k_per == 0  # a top-k given stays fixed

@@ -1,6 +1,7 @@
 """Sparse attention on the decode executor: the same selection, index keys and logits as
 the batched path's sparse attention, dense bits when the selection covers the context,
-and a chain of rows in one step equal to its tokens one step at a time."""
+a chain of rows in one step equal to its tokens one step at a time, and the reuse of a
+selection across decode steps equal to its reuse across the rows of a prompt chunk."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from llcinfer.sparse import SparseAttention, SparseConfig
 
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(0, 250, 150)]  # 10 blocks of 16
 # sparse from 100 keys on: sink block, 2 chosen blocks, window blocks (the first layer dense)
-CONFIG = SparseConfig(top_k=32, sink=4, window=20, min_context=100, dense_layers=1, full_every=2, rank=8)
+# (a decode row on the batched path scores alone: without reuse, as the executor's rows)
+CONFIG = SparseConfig(top_k=32, sink=4, window=20, min_context=100, dense_layers=1, full_every=2, rank=8,
+                      reuse_steps=0)
 DOMAINS = [Domains(weight=(None,)), Domains(weight=(None, None)), Domains(weight=(None,), attention=(None,))]
 
 
@@ -103,4 +106,37 @@ def test_executor_sparse_chain_equals_token_by_token(tiny):
     m.sparse = None
     with pytest.raises(ValueError, match="sparse attention changed"):
         ex.step([seq], [1])
+    ex.close()
+
+
+@pytest.mark.parametrize("reuse_cos", [-1.0, 0.2])  # 0.2: the tiny model's queries reuse some steps
+def test_executor_reuse_across_steps_equals_reuse_across_chunk_rows(tiny, reuse_cos):
+    """Decode steps that reuse the selection of the step that last scored (at most 2 back,
+    query cosine >= reuse_cos) give the logits of the same tokens run as one chunk, where
+    a row reuses the selection of the last row before it that scored; a row that moves to
+    another sequence forgets its anchor."""
+    from dataclasses import replace
+
+    path, basis = tiny
+    config = replace(CONFIG, reuse_steps=2, reuse_cos=reuse_cos)
+    ref, ref_seq = sparse_model(path, basis, config)
+    fast, fast_seq = sparse_model(path, basis, config)
+    ex = DecodeExecutor(fast, DOMAINS[1])
+    t0 = fast.sparse.totals()  # the prompt's rows (50 of them sparse) reused already
+    assert t0.reused > t0.selections > 0 if reuse_cos < 0 else t0.selections > 0
+    chain = [7, 91, 4, 250, 3, 9, 44]
+    want = ref.forward(chain, ref_seq, all_logits=True)
+    got = np.stack([ex.step([fast_seq], [t])[0] for t in chain])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    t, r = fast.sparse.totals(), ref.sparse.stats
+    assert (t.selections, t.reused) == (r.selections, r.reused)
+    assert t.selections + t.reused - t0.selections - t0.reused == 2 * len(chain)  # two full layers
+    if reuse_cos < 0:
+        assert t.reused - t0.reused == 2 * 4  # steps 2, 3, 5, 6 reuse; 1, 4, 7 score
+    else:
+        assert t.reused > t0.reused and t.selections - t0.selections > 2  # the cosine gate both ways
+    other, ref_other = fast_seq.fork("other"), ref_seq.fork("other")  # at the position row 0 expects next
+    want = ref.forward([5], ref_other)
+    np.testing.assert_allclose(ex.step([other], [5])[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert (fast.sparse.totals().selections, fast.sparse.totals().reused) == (t.selections + 2, t.reused)
     ex.close()

@@ -63,7 +63,7 @@ def measure_select(model, sparse, cores: list[int]) -> dict:
     if lay.full == 0:  # every layer dense: nothing selects
         return {"part_ns": 0.0, "token_ns": 0.0}
     dom = Domains(weight=tuple(cores))
-    every = replace(sparse, min_context=0)
+    every = replace(sparse, min_context=0, reuse_steps=0)  # every row scores
     layouts = []
     for n in CONTEXTS:
         layouts += [(dom, n, 1, every), (dom, max(16, round(lay.n_eff(n))), 1)]

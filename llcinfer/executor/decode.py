@@ -10,6 +10,7 @@ and reused for every token.
 from __future__ import annotations
 
 import operator
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..kernels.act_quant import ACT_Q8_0, ACT_Q8_K
 from ..kernels.paged_attention import split_count
 from ..kernels.simd import lanes, make_tag
 from ..kernels.sparse_index import COUNT_FIELDS, SP_FIELDS
+from ..kernels.sparse_reuse import A_CHOSE
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
 from .program import Program, Shapes, Tiles, build_program
@@ -216,6 +218,7 @@ class DecodeExecutor:
             pos = np.zeros(M, np.int64)  # [M] rows' positions
             tables = np.zeros((M, cap), np.int32)  # [sequence, blocks] pool block ids of each sequence
             seq_idx = np.arange(M, dtype=np.int64)  # [M] row m -> its sequence's row of tables
+            sp_args = self._sparse_args(M, cap, pool)
             args = pack(dict(
                 ops=prog.ops, order=prog.order, counters=b["counters"], mats=self.mat_table, tag=self.tag,
                 **{k: b[k] for k in ("x", "hpriv", "qpriv", "dpriv", "spriv", "qb", "kb", "vb", "attn", "gate", "up",
@@ -223,10 +226,10 @@ class DecodeExecutor:
                 attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, out_norm=m.weights.output_norm,
                 eps=np.float32(c.rms_eps), bq=m.bq, bk=m.bk, bv=m.bv, has_bias=m.has_bias,
                 neox=c.rope_neox, round_q=True, lut=F16_TO_F32, pos=pos, seq=seq_idx, tables=tables,
-                split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof,
-                **self._sparse_args(M, cap, pool)))
+                split_threads=self.split_threads, **pool.kernel_args(), scale=m.scale, prof=prof, **sp_args))
             job = dict(args=args, prog=prog, buffers=b, pos=pos, seq=seq_idx, tables=tables, pool=pool, prof=prof,
-                       ids=np.zeros(M, np.int64))  # ids: [M] this step's tokens
+                       ids=np.zeros(M, np.int64),  # ids: [M] this step's tokens
+                       anchor=sp_args["sp_anchor"], owners=[None] * M)  # owners: (sequence, position) of each row
             self._jobs[key] = job
         return job
 
@@ -238,14 +241,20 @@ class DecodeExecutor:
                         sp_basis=np.zeros((1, 1, 4, 1), f32), sp_hbasis=np.zeros((1, 1, 4, 1), f32),
                         sp_w=np.zeros(1, f32), sp_slot=np.full(c.n_layer, -1, np.int64),
                         sp_conf=sp_conf_placeholder(), sel_tables=np.zeros((1, 1), np.int32),
-                        sel_n=np.zeros(1, np.int64), sp_scores=np.zeros((1, 1), f32), sp_counts=self.sparse_counts)
+                        sel_n=np.zeros(1, np.int64), sp_scores=np.zeros((1, 1), f32),
+                        sp_anchor=np.full((1, 1, 2), -1, np.int64), sp_chosen=np.zeros((1, 1, 1), np.int32),
+                        sp_anchor_qt=np.zeros((1, 1, 1, 4), f32), sp_counts=self.sparse_counts)
         if pool is not sp.pool:
             raise ValueError("executor step: sparse attention follows another KV pool than this step's")
+        n_full = max(1, int(sp.index.slot_of.max()) + 1)
         return dict(sp_idx=sp.index.idx, sp_isc=sp.index.isc, sp_basis=sp.basis, sp_hbasis=sp.head_basis,
                     sp_w=sp.weights, sp_slot=sp.index.slot_of, sp_conf=sp.conf,
                     sel_tables=np.zeros((M, cap), np.int32),  # [M, blocks] each row's gathered table
                     sel_n=np.zeros(M, np.int64),  # [M] keys it holds
                     sp_scores=np.zeros((M, pool.n_blocks), f32),  # [M, blocks] candidate block scores
+                    sp_anchor=np.full((M, n_full, 2), -1, np.int64),  # [M, full layer, A_*] no anchor yet
+                    sp_chosen=np.zeros((M, n_full, cap), np.int32),  # [M, full layer, blocks]
+                    sp_anchor_qt=np.zeros((M, n_full, c.n_head, sp.config.rank), f32),  # [M, full layer, H, r]
                     sp_counts=self.sparse_counts)
 
     def step(self, seqs: list, tokens) -> np.ndarray:
@@ -300,6 +309,8 @@ class DecodeExecutor:
                 seq_idx[r] = i
                 n += 1
                 r += 1
+        if self.sparse is not None and self.sparse.config.reuse_steps:
+            _forget_moved_anchors(job, seqs, lists)
         self.last_program = job["prog"]
         b = job["buffers"]
         self._embed(id_buf, b["x"], pos, b["rope_cs"], b["counters"])
@@ -320,6 +331,19 @@ class DecodeExecutor:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _forget_moved_anchors(job: dict, seqs: list, lists: list) -> None:
+    """A row keeps its sparse reuse anchors (kernels/sparse_reuse.py) only while it holds
+    the same sequence at the next position, step after step."""
+    owners, anchor, r = job["owners"], job["anchor"], 0
+    for s, t in zip(seqs, lists):
+        for i in range(len(t)):
+            prev, now = owners[r], s.n_tokens + i
+            if prev is None or prev[0]() is not s or prev[1] != now - 1:
+                anchor[r, :, A_CHOSE] = -1  # no anchor
+            owners[r] = (weakref.ref(s), now)
+            r += 1
 
 
 def sp_conf_placeholder() -> np.ndarray:

@@ -71,7 +71,10 @@ STEP_FIELDS = (
     ("sel_tables", "[M, blocks] int32 each row's gathered block table (TOPK)"),
     ("sel_n", "[M] int64 keys of each row's gathered table"),
     ("sp_scores", "[M, pool blocks] f32 each row's candidate block scores (SELECT)"),
-    ("sp_counts", "[workers, L, COUNT_FIELDS] int64 sparse rows, keys attended, keys total, selections"),
+    ("sp_anchor", "[M, full layer, 2] int64 each row's anchor: keys, blocks chosen (kernels/sparse_reuse.py)"),
+    ("sp_chosen", "[M, full layer, blocks] int32 the candidate indices its anchor chose"),
+    ("sp_anchor_qt", "[M, full layer, H, r] f32 its anchor's projected query"),
+    ("sp_counts", "[workers, L, COUNT_FIELDS] int64 sparse rows, keys attended, keys total, selections, reused"),
     ("prof", "[workers, n_ops + 1, 2] int64 cycles waiting / working per operator (shape[0] 0: off)"),
 )
 NAMES = tuple(name for name, _ in STEP_FIELDS)

@@ -42,13 +42,14 @@ _NEG = np.float32(-3.0e38)
 # a pair on Zen 4, so 6144 pairs take ~60 us, about a parallel region's launch
 PARALLEL_WORK = 6144
 PAD_LANES = 16  # the index arrays' padding: a vector of up to 16 lanes read at the last token
-# fields of the int64 config row_selection reads (SparseAttention.kernel_conf); a row picks
-# max(SP_K_BLOCKS, its blocks // SP_K_PER) candidate blocks (SP_K_PER 0: SP_K_BLOCKS)
-SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG, SP_K_PER = range(7)
-SP_FIELDS = 7
+# fields of the int64 config the selection kernels read (SparseConfig.kernel_conf); a row
+# picks max(SP_K_BLOCKS, its blocks // SP_K_PER) candidate blocks (SP_K_PER 0: SP_K_BLOCKS);
+# SP_REUSE, SP_REUSE_COS: sparse_reuse.py (rows back, query cosine x 1e6)
+SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG, SP_K_PER, SP_REUSE, SP_REUSE_COS = range(9)
+SP_FIELDS = 9
 # fields of the per-layer counts the executor keeps of its sparse rows (SparseAttention.count_into)
-COUNT_ROWS, COUNT_ATTENDED, COUNT_TOTAL, COUNT_SELECTIONS = range(4)
-COUNT_FIELDS = 4
+COUNT_ROWS, COUNT_ATTENDED, COUNT_TOTAL, COUNT_SELECTIONS, COUNT_REUSED = range(5)
+COUNT_FIELDS = 5
 
 
 @kernel
@@ -193,26 +194,36 @@ def top_blocks(scores, k, out):
 
 
 @kernel
-def quantize_query(q, hbasis, scale, qw, qsc, qcorr):
-    """u = qw  # [H, r] int8, c = qsc  # [H] and qcorr  # [H, r/4] int32 (-128 sum of
-    each quad of u[h]) of the query row  q  # [H, D] on  hbasis  # [H, r, D], times scale."""
+def project_query(q, hbasis, qt):
+    """qt  # [H, r] f32 = hbasis[h] @ q[h] of the query row  q  # [H, D]."""
     H, r, D = hbasis.shape
-    qt = np.empty(r, np.float32)  # [r] one query head on its basis
     for hh in range(H):
-        amax = np.float32(0.0)
         for i in range(r):
             acc = np.float32(0.0)
             for d in range(D):
                 acc += hbasis[hh, i, d] * q[hh, d]
-            qt[i] = acc * scale
-            amax = max(amax, abs(qt[i]))
+            qt[hh, i] = acc
+
+
+@kernel
+def quantize_query(q, hbasis, scale, qw, qsc, qcorr):
+    """u = qw  # [H, r] int8, c = qsc  # [H] and qcorr  # [H, r/4] int32 (-128 sum of
+    each quad of u[h]) of the query row  q  # [H, D] on  hbasis  # [H, r, D], times scale."""
+    H, r, D = hbasis.shape
+    qt = np.empty((H, r), np.float32)  # [H, r] the query heads on their bases
+    project_query(q, hbasis, qt)
+    for hh in range(H):
+        amax = np.float32(0.0)
+        for i in range(r):
+            qt[hh, i] *= scale
+            amax = max(amax, abs(qt[hh, i]))
         c = amax / np.float32(127.0)
         inv = np.float32(1.0) / c if c > 0 else np.float32(0.0)
         qsc[hh] = c
         for i in range(r // 4):
             qcorr[hh, i] = 0
         for i in range(r):
-            v = qt[i] * inv
+            v = qt[hh, i] * inv
             iv = min(127, max(-127, np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)))
             qw[hh, i] = iv
             qcorr[hh, i // 4] -= 128 * iv
@@ -229,11 +240,11 @@ def _query_and_kept_max(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, phi
 
 
 @kernel
-def _gather_top(scores, table, nb, n_sink, n_win, k_blocks, out):
+def _gather_top(scores, table, nb, n_sink, n_win, k_blocks, out, chosen):
     """out = [sink blocks, the k_blocks best candidates (position order), window blocks]
-    of ``table``; returns its length."""
+    of ``table``, chosen  # [>= k_blocks] int32 the candidate indices picked (ascending);
+    returns the length of out."""
     n_cand = nb - n_sink - n_win
-    chosen = np.empty(min(k_blocks, n_cand), np.int32)  # [K] candidate indices, ascending
     n_ch = top_blocks(scores[:n_cand], k_blocks, chosen)
     for i in range(n_sink):
         out[i] = table[i]
@@ -297,14 +308,15 @@ def score_part(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, conf, w, par
 
 
 @kernel
-def gather_selection(table, n_keys, bs, conf, scores, out):
+def gather_selection(table, n_keys, bs, conf, scores, out, chosen):
     """After every score_part of a row: its gathered block table into ``out`` (its own
-    table when it does not select); returns the keys the gathered table holds."""
+    table when it does not select) and the candidate indices it picked into ``chosen``
+    (row_k_blocks of them); returns the keys the gathered table holds."""
     nb = (n_keys + bs - 1) // bs
     if not row_selects(n_keys, bs, conf):
         for i in range(nb):
             out[i] = table[i]
         return n_keys
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
-    n = _gather_top(scores, table, nb, n_sink, n_win, row_k_blocks(n_keys, bs, conf), out)
+    n = _gather_top(scores, table, nb, n_sink, n_win, row_k_blocks(n_keys, bs, conf), out, chosen)
     return (n - 1) * bs + n_keys - (nb - 1) * bs  # every gathered block is full but the last

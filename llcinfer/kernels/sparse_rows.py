@@ -7,6 +7,8 @@ attention of every row over its own gathered table, each a parallel region for t
         scores_m            = score_part of row m over its candidate blocks, in P parts
         table_m, keys_m     = gather_selection(scores_m): [sinks, top-k, window] of its
                               table, or the table itself when the row does not select
+        (reuse_steps > 0: a row close to the last row that scored takes its blocks
+         instead, sparse_reuse.py; which rows do is decided first, in row order)
     attend
         out[m]              = softmax(q[m] K_m^T * scale) V_m  over the keys_m keys of
                               table_m (paged_attention.row_part, split as a single row)
@@ -23,24 +25,47 @@ from ..dtypes import KV_INT8
 from ..jit import parallel_kernel
 from .paged_attention import merge_partials, row_part, split_count
 from .simd import lanes_of
-from .sparse_index import (PAD_LANES, PARALLEL_WORK, SP_FIELDS, SP_SINK, SP_WINDOW, gather_selection, kept_blocks,
-                           score_part)
+from .sparse_index import (PAD_LANES, PARALLEL_WORK, SP_FIELDS, SP_REUSE, SP_SINK, SP_WINDOW, gather_selection,
+                           kept_blocks, project_query, row_k_blocks, row_selects, score_part)
+from .sparse_reuse import A_CHOSE, A_KEYS, close_enough, gather_reused, may_reuse
 
 
 @parallel_kernel
-def _select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, parts, scores, sel, sel_keys, tag):
+def _select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, parts, scores, sel, sel_keys, chosen,
+                 qt, anchor_of, tag):
     M = q.shape[0]
+    anchor_of[:] = -1
+    if conf[SP_REUSE] > 0:  # which rows take the selection of the last row before them that scored
+        for m in prange(M):
+            project_query(q[m], hbasis, qt[m])
+        a = -1
+        anchor = np.empty(2, np.int64)  # [A_KEYS, A_CHOSE] of row a
+        for m in range(M):
+            if a >= 0 and may_reuse(n_past + m + 1, anchor, bs, conf) and close_enough(qt[m], qt[a], conf):
+                anchor_of[m] = a
+            else:
+                a, n = m, n_past + m + 1
+                anchor[A_KEYS], anchor[A_CHOSE] = n, row_k_blocks(n, bs, conf) if row_selects(n, bs, conf) else -1
     for task in prange(M * parts):
         m = task // parts
-        score_part(q[m], hbasis, scale, idx, isc, slot, table, n_past + m + 1, bs, conf, w, task % parts, parts,
-                   scores[m], tag)
+        if anchor_of[m] < 0:
+            score_part(q[m], hbasis, scale, idx, isc, slot, table, n_past + m + 1, bs, conf, w, task % parts, parts,
+                       scores[m], tag)
     for m in prange(M):
-        sel_keys[m] = gather_selection(table, n_past + m + 1, bs, conf, scores[m], sel[m])
+        if anchor_of[m] < 0:
+            sel_keys[m] = gather_selection(table, n_past + m + 1, bs, conf, scores[m], sel[m], chosen[m])
+    for m in prange(M):
+        a = anchor_of[m]
+        if a >= 0:
+            anchor = np.empty(2, np.int64)
+            anchor[A_KEYS], anchor[A_CHOSE] = n_past + a + 1, row_k_blocks(n_past + a + 1, bs, conf)
+            sel_keys[m] = gather_reused(table, n_past + m + 1, bs, conf, anchor, chosen[a], sel[m])
 
 
 def select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, threads, scores, sel, sel_keys,
-                tag) -> None:
-    """Each row's gathered block table into ``sel`` and its key count into ``sel_keys``.
+                tag) -> int:
+    """Each row's gathered block table into ``sel`` and its key count into ``sel_keys``;
+    returns how many rows reused the selection of an earlier row (sparse_reuse.py).
 
     q  # [M, H, D] f32 rotated, row m at position n_past + m;  hbasis  # [H, r, D] f32
     each head's KV head basis (this layer's);  idx, isc  the index cache (sparse_index.py;
@@ -68,8 +93,12 @@ def select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, th
     if nb and (table[:nb].max() >= idx.shape[1] or table[:nb].min() < 0):
         raise ValueError("select_rows: a block id outside the index cache")
     parts = 1 if M >= threads else max(1, min(-(-threads // M), n_cand * H // PARALLEL_WORK))
+    chosen = np.empty((M, nb), np.int32)  # [M, nb] candidate indices each scoring row picked
+    qt = np.empty((M, H, r), np.float32)  # [M, H, r] projected queries (reuse)
+    anchor_of = np.empty(M, np.int64)  # [M] the row whose selection row m reuses, -1: its own
     _select_rows(q, hbasis, np.float32(scale), idx, isc, slot, table, n_past, bs, conf, w, parts, scores, sel,
-                 sel_keys, tag)
+                 sel_keys, chosen, qt, anchor_of, tag)
+    return int(np.count_nonzero(anchor_of >= 0))
 
 
 @parallel_kernel

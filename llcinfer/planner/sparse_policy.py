@@ -12,7 +12,9 @@ scores the index keys of every candidate block first:
       select(n)  = part_ns + token_ns * cand(n) / P               per full layer and row
       cand(n)    = n - (sink + window blocks) * bs                candidate keys
 
-with P the cores of the attention (the executor scores a row's candidates in P parts) and
+with P the cores of the attention (the executor scores a row's candidates in P parts; a
+row that reuses an earlier row's selection, SparseConfig.reuse_steps, is counted as one
+that scores, so the prediction errs on the dense side) and
 part_ns / token_ns measured in this machine's decode step (engine/calibrate_sparse.py:
 scoring, top-k, gathered table, the extra hand-offs and attention over scattered blocks).
 ``min_context`` is the least block multiple n from which sparse(n) < (1 - PAY_MARGIN)

@@ -117,7 +117,7 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, is
 @pytest.mark.parametrize("reuse, cos_min", [(3, -1.0), (2, 0.8), (40, 0.95)])
 def test_select_rows_reuse_matches_oracle(reuse, cos_min):
     """With reuse_steps R: row m takes the blocks of the last row a before it that scored
-    when m - a <= R and the mean cosine of their projected query heads >= cos_min:
+    when m - a <= R and the mean cosine of their query heads >= cos_min:
     [sinks, a's chosen blocks, every block from a's window on] (sparse_reuse.py)."""
     rng = np.random.default_rng(reuse)
     KVH, G, r, bs, M, n_keys = 2, 3, 16, 16, 24, 1200

@@ -243,7 +243,7 @@ class DecodeExecutor:
                         sp_conf=sp_conf_placeholder(), sel_tables=np.zeros((1, 1), np.int32),
                         sel_n=np.zeros(1, np.int64), sp_scores=np.zeros((1, 1), f32),
                         sp_anchor=np.full((1, 1, 2), -1, np.int64), sp_chosen=np.zeros((1, 1, 1), np.int32),
-                        sp_anchor_qt=np.zeros((1, 1, 1, 4), f32), sp_counts=self.sparse_counts)
+                        sp_anchor_q=np.zeros((1, 1, 1, 1), f32), sp_counts=self.sparse_counts)
         if pool is not sp.pool:
             raise ValueError("executor step: sparse attention follows another KV pool than this step's")
         n_full = max(1, int(sp.index.slot_of.max()) + 1)
@@ -254,7 +254,7 @@ class DecodeExecutor:
                     sp_scores=np.zeros((M, pool.n_blocks), f32),  # [M, blocks] candidate block scores
                     sp_anchor=np.full((M, n_full, 2), -1, np.int64),  # [M, full layer, A_*] no anchor yet
                     sp_chosen=np.zeros((M, n_full, cap), np.int32),  # [M, full layer, blocks]
-                    sp_anchor_qt=np.zeros((M, n_full, c.n_head, sp.config.rank), f32),  # [M, full layer, H, r]
+                    sp_anchor_q=np.zeros((M, n_full, c.n_head, c.head_dim), f32),  # [M, full layer, H, D]
                     sp_counts=self.sparse_counts)
 
     def step(self, seqs: list, tokens) -> np.ndarray:

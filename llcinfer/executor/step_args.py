@@ -73,7 +73,7 @@ STEP_FIELDS = (
     ("sp_scores", "[M, pool blocks] f32 each row's candidate block scores (SELECT)"),
     ("sp_anchor", "[M, full layer, 2] int64 each row's anchor: keys, blocks chosen (kernels/sparse_reuse.py)"),
     ("sp_chosen", "[M, full layer, blocks] int32 the candidate indices its anchor chose"),
-    ("sp_anchor_qt", "[M, full layer, H, r] f32 its anchor's projected query"),
+    ("sp_anchor_q", "[M, full layer, H, D] f32 its anchor's query"),
     ("sp_counts", "[workers, L, COUNT_FIELDS] int64 sparse rows, keys attended, keys total, selections, reused"),
     ("prof", "[workers, n_ops + 1, 2] int64 cycles waiting / working per operator (shape[0] 0: off)"),
 )

@@ -40,8 +40,8 @@ from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import merge_partials, row_part
 from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
 from ..kernels.sparse_index import (COUNT_ATTENDED, COUNT_REUSED, COUNT_ROWS, COUNT_SELECTIONS, COUNT_TOTAL,
-                                    SP_MIN_CONTEXT, SP_REUSE, gather_selection, project_query, row_k_blocks,
-                                    score_part, store_index_key)
+                                    SP_MIN_CONTEXT, SP_REUSE, gather_selection, row_k_blocks, score_part,
+                                    store_index_key)
 from ..kernels.sparse_reuse import A_CHOSE, A_KEYS, gather_reused, reuses
 from ..kernels.simd import addr, vlanes, vtag
 from .step_args import check_signature
@@ -58,7 +58,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                ytmp, logits, attn_norm, ffn_norm, out_norm, eps, bq, bk, bv, has_bias, rope_cs, neox, round_q, lut,
                pos, seq, tables, split_threads, pool, pool_f32, kv_kind, kv_group, kv_scale_off, bs, scale, pmax, psum,
                pacc, sp_idx, sp_isc, sp_basis, sp_hbasis, sp_w, sp_slot, sp_conf, sel_tables, sel_n, sp_scores,
-               sp_anchor, sp_chosen, sp_anchor_qt, sp_counts, prof):
+               sp_anchor, sp_chosen, sp_anchor_q, sp_counts, prof):
     """Run worker ``wid``'s operators for one step; returns 0, or the abort code.  The
     arguments, their shapes and meaning: step_args.STEP_FIELDS.
 
@@ -78,7 +78,6 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
     # rope + KV append on vectors (f16 pool, D a multiple of 2W); else the scalar loops
     rope_fast = kv_kind == KV_F16 and rope_simd_ok(D, vlanes(vt)) and rope_cs.shape[1] * 2 == D
     sp_y = np.empty(sp_basis.shape[2], np.float32)  # [r] one index key before rounding
-    sp_qt = np.empty(sp_hbasis.shape[1:3], np.float32)  # [H, r] a row's projected query (reuse)
     xin = np.zeros((2, 3), np.int64)  # [activation kind, 3] addresses of this worker's int8 input (_views)
     cur0, cur1 = 0, x.shape[0]  # rows of the current views (all rows: one micro-batch)
     xu, qu, ku, vu, au = x, qb, kb, vb, attn
@@ -171,8 +170,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                 P = ops[o, F_TILE]
                 m = m0 + t // P
                 sl = sp_slot[layer]
-                if not reuses(qb[m].reshape((H, D)), sp_hbasis[layer], pos[m] + 1, sp_anchor[m, sl],
-                               sp_anchor_qt[m, sl], sp_qt, bs, sp_conf):
+                if not reuses(qb[m].reshape((H, D)), pos[m] + 1, sp_anchor[m, sl], sp_anchor_q[m, sl], bs, sp_conf):
                     score_part(qb[m].reshape((H, D)), sp_hbasis[layer], scale, sp_idx, sp_isc, sl, tables[seq[m]],
                                pos[m] + 1, bs, sp_conf, sp_w, t % P, P, sp_scores[m], tag)
                 signal(counters, ops[o, F_DONE] + t // P)
@@ -186,8 +184,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                 n_keys = pos[m] + 1
                 sl = sp_slot[layer]
                 anchor = sp_anchor[m, sl]
-                if reuses(qb[m].reshape((H, D)), sp_hbasis[layer], n_keys, anchor, sp_anchor_qt[m, sl], sp_qt, bs,
-                           sp_conf):
+                if reuses(qb[m].reshape((H, D)), n_keys, anchor, sp_anchor_q[m, sl], bs, sp_conf):
                     sel_n[m] = gather_reused(tables[seq[m]], n_keys, bs, sp_conf, anchor, sp_chosen[m, sl],
                                              sel_tables[m])
                     sp_counts[wid, layer, COUNT_REUSED] += 1
@@ -199,7 +196,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                     if sel_n[m] < n_keys:
                         sp_counts[wid, layer, COUNT_SELECTIONS] += 1
                         if sp_conf[SP_REUSE] > 0:
-                            project_query(qb[m].reshape((H, D)), sp_hbasis[layer], sp_anchor_qt[m, sl])
+                            sp_anchor_q[m, sl] = qb[m].reshape((H, D))
                 signal(counters, ops[o, F_DONE] + t)
             elif kind == ATTN:
                 S = ops[o, F_TILE]

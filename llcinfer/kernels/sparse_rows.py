@@ -26,22 +26,20 @@ from ..jit import parallel_kernel
 from .paged_attention import merge_partials, row_part, split_count
 from .simd import lanes_of
 from .sparse_index import (PAD_LANES, PARALLEL_WORK, SP_FIELDS, SP_REUSE, SP_SINK, SP_WINDOW, gather_selection,
-                           kept_blocks, project_query, row_k_blocks, row_selects, score_part)
-from .sparse_reuse import A_CHOSE, A_KEYS, close_enough, gather_reused, may_reuse
+                           kept_blocks, row_k_blocks, row_selects, score_part)
+from .sparse_reuse import A_CHOSE, A_KEYS, gather_reused, reuses
 
 
 @parallel_kernel
 def _select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, parts, scores, sel, sel_keys, chosen,
-                 qt, anchor_of, tag):
+                 anchor_of, tag):
     M = q.shape[0]
     anchor_of[:] = -1
     if conf[SP_REUSE] > 0:  # which rows take the selection of the last row before them that scored
-        for m in prange(M):
-            project_query(q[m], hbasis, qt[m])
         a = -1
         anchor = np.empty(2, np.int64)  # [A_KEYS, A_CHOSE] of row a
         for m in range(M):
-            if a >= 0 and may_reuse(n_past + m + 1, anchor, bs, conf) and close_enough(qt[m], qt[a], conf):
+            if a >= 0 and reuses(q[m], n_past + m + 1, anchor, q[a], bs, conf):
                 anchor_of[m] = a
             else:
                 a, n = m, n_past + m + 1
@@ -94,10 +92,9 @@ def select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, th
         raise ValueError("select_rows: a block id outside the index cache")
     parts = 1 if M >= threads else max(1, min(-(-threads // M), n_cand * H // PARALLEL_WORK))
     chosen = np.empty((M, nb), np.int32)  # [M, nb] candidate indices each scoring row picked
-    qt = np.empty((M, H, r), np.float32)  # [M, H, r] projected queries (reuse)
     anchor_of = np.empty(M, np.int64)  # [M] the row whose selection row m reuses, -1: its own
     _select_rows(q, hbasis, np.float32(scale), idx, isc, slot, table, n_past, bs, conf, w, parts, scores, sel,
-                 sel_keys, chosen, qt, anchor_of, tag)
+                 sel_keys, chosen, anchor_of, tag)
     return int(np.count_nonzero(anchor_of >= 0))
 
 

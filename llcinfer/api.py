@@ -82,8 +82,8 @@ class LLM:
             first use (seconds, once per model, cached beside the repacked weights), and so
             is its selection cost (once per machine).  Decode steps run it on the executor.
             Not with ``speculative``.
-        sparse_top_k: tokens the indexer picks, fixed (default: 1024, or 1/16 of a row's keys
-            where that is more).
+        sparse_top_k: tokens the indexer picks (default: 1024, or 1/16 of ``n_ctx`` where
+            that is more).
         sparse_indexers: only this many of the sparse layers own an indexer, the others
             reuse the selection of the last one before them; which ones is chosen on
             calibration loss (IndexCache's greedy search: KL divergence from dense on the

@@ -164,7 +164,7 @@ def quality(a) -> dict:
     print(f"filled {seq.n_tokens} tokens in {time.perf_counter() - t0:.1f} s")
     variants = [(r, phi, agg, k) for r in a.ranks for phi in ("exp", "relu") for agg in ("max", "sum")
                 for k in a.top_k]
-    views = {v: retuned(base[v[0]], phi=v[1], agg=v[2], top_k=v[3], top_k_per=0) for v in variants}
+    views = {v: retuned(base[v[0]], phi=v[1], agg=v[2], top_k=v[3]) for v in variants}
     res, shared = evaluate(tm, seq, rec, views, a.probes)
     out = {"model": a.model, "depth": seq.n_tokens, "probes": a.probes, "variants": []}
     print(f"{'rank':>4} {'phi':>4} {'agg':>3} {'top_k':>5} | mass  recall | oracle blk tok | shared-prev mass"
@@ -219,10 +219,10 @@ def tpot(a) -> dict:
     toks = eval_tokens(tok, a.depth + a.n + a.probes)
     n_ctx = max(a.pool_ctx, a.depth + a.n + a.probes + 16)
     pool, prefix = tm.new_pool(n_ctx, kv_type="f16", prefix_sharing=False)
-    cfg = with_chosen_layers(tm, tok, SparseConfig(top_k=a.top_k, top_k_per=a.top_k_per, rank=a.rank, window=a.window,
-                                                   dense_layers=a.dense_layers, full_every=a.full_every,
-                                                   min_context=min(4096, a.depth),
-                                                   **({"indexers": a.indexers} if a.indexers else {})), print)
+    asked = SparseConfig(top_k=a.top_k, top_k_per=a.top_k_per, rank=a.rank, window=a.window,
+                         dense_layers=a.dense_layers, full_every=a.full_every, min_context=min(4096, a.depth),
+                         **({"indexers": a.indexers} if a.indexers else {}))
+    cfg = with_chosen_layers(tm, tok, asked, print).for_context(a.depth)  # top-k as LLM(n_ctx=depth) plans it
     sp = SparseAttention(cfg, model_basis(tm, tok, a.rank), pool, c.n_head)
     dense_view = retuned(sp, min_context=NEVER)
     seq = PagedSequence(pool, n_ctx, prefix)
@@ -305,7 +305,8 @@ def ppl(a) -> dict:
     """Perplexity of ``--chunks`` chunks of ``-c`` tokens (llama-perplexity's method,
     bench/perplexity.py) under each ``--variant`` of the sparse configuration, on one
     ``LLM(sparse=True)`` (so min_context is its planner's) and the same text; a variant
-    is "dense" or SparseConfig fields "name=value,..." set in place between runs."""
+    is "dense" or SparseConfig fields "name=value,..." set in place between runs, the
+    prefix cache emptied (else a chunk's unscored half would come from the last run's KV)."""
     from llcinfer.api import LLM
     from llcinfer.bench.perplexity import perplexity
 
@@ -319,6 +320,7 @@ def ppl(a) -> dict:
             k: type(getattr(base, k))(v) for k, v in (kv.split("=") for kv in variant.split(","))}
         sp.config = dataclasses.replace(base, **changes)
         sp.conf[:] = sp.config.kernel_conf(bs)  # in place: the arrays the kernels were given
+        llm.engine.pool.drop_cached()  # no prefix of the chunk from the last variant's KV
         before = sp.totals()
         t0 = time.perf_counter()
         res = perplexity(llm, tokens, a.ctx, a.chunks)
@@ -373,7 +375,7 @@ def main() -> None:
     t.add_argument("--reuse-steps", type=_count(0), default=0, help="also time selection reuse up to N steps back")
     t.add_argument("--reuse-cos", type=float, default=0.9, help="its query cosine gate")
     t.add_argument("--top-k", type=_count(1), default=1024)
-    t.add_argument("--top-k-per", type=_count(0), default=16, help="and 1/N of the keys where more (0: top-k fixed)")
+    t.add_argument("--top-k-per", type=_count(0), default=16, help="top-k raised to depth / N (0: fixed)")
     t.add_argument("--rank", type=_count(1), default=16)
     t.add_argument("--window", type=_count(1), default=256)
     t.add_argument("--dense-layers", type=_count(0), default=2)

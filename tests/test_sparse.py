@@ -69,15 +69,13 @@ def index_arrays(rng, n_keys, KVH, r, bs, spare):
 
 @pytest.mark.parametrize("phi", [0, 1])
 @pytest.mark.parametrize("agg", [0, 1])
-@pytest.mark.parametrize("n_keys, top_blocks_, k_per, bs, isa, M", [
-    (333, 5, 0, 16, "avx512vnni", 1), (1001, 17, 0, 16, "avx512vnni", 3), (97, 1, 0, 16, "avx512vnni", 1),
-    (1001, 17, 0, 16, "avx2", 5), (203, 9, 0, 4, "avx512vnni", 7), (1001, 5, 8, 16, "avx2", 3),
-    (2049, 5, 7, 4, "avx512vnni", 6)])
-def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, isa, M):
+@pytest.mark.parametrize("n_keys, k_blocks, bs, isa, M", [
+    (333, 5, 16, "avx512vnni", 1), (1001, 17, 16, "avx512vnni", 3), (97, 1, 16, "avx512vnni", 1),
+    (1001, 17, 16, "avx2", 5), (203, 9, 4, "avx512vnni", 7)])
+def test_select_rows_matches_oracle(phi, agg, n_keys, k_blocks, bs, isa, M):
     """Each of M consecutive rows (the last with n_keys keys): scores of every candidate
     block against the oracle (fastmath sums, Cephes exp: rtol 1e-4), the k best picked
-    (ties either way; k = max(top-k blocks, the row's blocks // k_per) with k_per), the
-    table [sinks, chosen, window] and the keys it holds."""
+    (ties either way), the table [sinks, chosen, window] and the keys it holds."""
     from llcinfer.kernels.isa import supported_isas
     if isa not in supported_isas():
         pytest.skip(f"{isa} not on this CPU")
@@ -90,7 +88,7 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, is
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
     nb = len(table)
     window = n_keys - (nb - 2) * bs  # the last row keeps 2 window blocks
-    conf = np.array([1, bs, window, top_blocks_, phi, agg, k_per, 0, 0], np.int64)  # SP_*: min_context, sink, ...
+    conf = np.array([1, bs, window, k_blocks, phi, agg, 0, 0], np.int64)  # SP_*: min_context, sink (1 block), ...
     scores, sel = np.full((M, nb), np.nan, np.float32), np.full((M, nb), -1, np.int32)
     keys = np.zeros(M, np.int64)
     n_past = n_keys - M
@@ -99,7 +97,6 @@ def test_select_rows_matches_oracle(phi, agg, n_keys, top_blocks_, k_per, bs, is
     for m in range(M):
         n = n_past + m + 1
         nb_m = -(-n // bs)
-        k_blocks = max(top_blocks_, nb_m // k_per) if k_per else top_blocks_
         n_sink, n_win = kept_blocks(n, bs, bs, window)
         want = naive.block_scores(qt[m], q[:n], s[:n], G, phi, agg, w, n_sink, n_win, bs)  # [candidates]
         if want.size <= k_blocks:  # nothing to drop: the row's own table
@@ -127,8 +124,8 @@ def test_select_rows_reuse_matches_oracle(reuse, cos_min):
     qt = (base + rng.uniform(0, 0.9, (M, 1, 1)) * rng.standard_normal((M, H, r))).astype(np.float32)  # [M, H, r]
     hbasis = np.broadcast_to(np.eye(r, dtype=np.float32), (H, r, r)).copy()  # [H, r, D = r]
     w = np.ones(H, np.float32)
-    conf = SparseConfig(top_k=5 * bs, sink=bs, window=3 * bs, min_context=1, reuse_steps=reuse, reuse_cos=cos_min,
-                        top_k_per=0).kernel_conf(bs)
+    conf = SparseConfig(top_k=5 * bs, sink=bs, window=3 * bs, min_context=1, reuse_steps=reuse,
+                        reuse_cos=cos_min).kernel_conf(bs)
     nb = len(table)
     scores, sel = np.zeros((M, nb), np.float32), np.full((M, nb), -1, np.int32)
     keys = np.zeros(M, np.int64)
@@ -335,4 +332,4 @@ def test_llm_sparse_surface(tiny):
     assert st["index_full_layers"] == 1 and st["index_bytes_per_token"] == 1 * 2 * (16 + 4)
     assert st["index_bytes_per_token_all_layers"] == 3 * 2 * 20 and st["kv_bytes_per_token"] > 0
     assert st["sparse_rows"] == 0 and st["sparse_keys_fraction"] is None and st["sparse_reused"] == 0
-    assert llm.engine.sparse.config.top_k_per == 0  # a top-k given stays fixed
+    assert llm.engine.sparse.config.top_k == 64  # a top-k given stays as given

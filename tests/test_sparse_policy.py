@@ -51,20 +51,16 @@ def test_no_selection_below_the_kept_blocks(workloads):  # noqa: F811
     assert lay.n_eff(1000) == 1000 and lay.candidates(100) == 0
 
 
-def test_top_k_grows_with_the_keys_as_the_kernel_picks():
-    """Layers.kept is the kernel's rule (sparse_index.row_k_blocks): the top-k's blocks, or
-    one in every top_k_per of the row's blocks where more; with top_k_per 0 the top-k."""
-    import numpy as np
-    from llcinfer.kernels.sparse_index import row_k_blocks
-
-    for cfg in (SparseConfig(), SparseConfig(top_k=512, top_k_per=5), SparseConfig.from_options(top_k=1024)):
-        lay = Layers(24, cfg)
-        conf = cfg.kernel_conf(BLOCK_SIZE)
-        for n in (1, 1000, 16383, 16384, 16401, 32768, 100003):
-            assert lay.kept(n) - lay.fixed_blocks == row_k_blocks(n, BLOCK_SIZE, conf), (cfg, n)
-        assert lay.kept(1 << 15) - lay.fixed_blocks == ({16: 128, 5: 409, 0: 64}[cfg.top_k_per])
-        assert np.isclose(lay.n_eff(1 << 15), (2 * 32768 + 22 * lay.kept(1 << 15) * BLOCK_SIZE) / 24)
-    assert SparseConfig.from_options(top_k=1024).top_k_per == 0 and SparseConfig.from_options().top_k_per == 16
+def test_top_k_grows_with_the_context_unless_given():
+    """for_context raises top_k to n_ctx / top_k_per in whole blocks; a top-k given on LLM
+    or the CLI (from_options) stays; the planner's policy reports the top-k it planned."""
+    assert SparseConfig().for_context(8192).top_k == 1024 and SparseConfig().for_context(32768).top_k == 2048
+    assert SparseConfig().for_context(100000).top_k == 6256
+    assert SparseConfig(top_k_per=0).for_context(1 << 20).top_k == 1024
+    assert SparseConfig.from_options(top_k=512).for_context(32768).top_k == 512
+    assert SparseConfig.from_options(indexers=3).for_context(32768) == SparseConfig(indexers=3, top_k=2048)
+    lay = Layers(24, SparseConfig().for_context(32768))
+    assert lay.kept_blocks == 1 + 128 + 16 and lay.n_eff(32768) == (2 * 32768 + 22 * 145 * BLOCK_SIZE) / 24
 
 
 def test_costly_selection_never_pays_and_cheap_one_pays_earlier(workloads):  # noqa: F811

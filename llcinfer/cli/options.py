@@ -40,8 +40,8 @@ def sparse_options(f):
                      help="Only this many sparse layers own an indexer, chosen on calibration loss (minutes, once "
                           "per model; default: all; needs --sparse).")(f)
     f = click.option("--sparse-top-k", type=int, default=None,
-                     help="Tokens the sparse indexer picks, fixed (default: 1024, or 1/16 of a row's keys where "
-                          "more; needs --sparse).")(f)
+                     help="Tokens the sparse indexer picks (default: 1024, or 1/16 of the context where more; "
+                          "needs --sparse).")(f)
     f = click.option("--sparse", is_flag=True,
                      help="Sparse attention on rows with at least the keys from which the planner predicts it "
                           "pays (indexer calibrated on first use).")(f)

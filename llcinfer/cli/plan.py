@@ -65,7 +65,7 @@ def plan(model, ctx, concurrency, threads, topology, kv_type, sync, probe, repro
     verify, _ = predict_verify_cost(best, machine, work, cal)
     policy = None
     if sparse:
-        config = SparseConfig.from_options(sparse_top_k, sparse_indexers)
+        config = SparseConfig.from_options(sparse_top_k, sparse_indexers).for_context(ctx)
         policy = sparse_policy(best, machine, work, config, cal)
     shown = asked if asked is not None else ("auto" if len(replica_core_sets(machine, "auto")) > 1 else None)
     rp = None if shown is None else plan_replicas(machine, work, shown, sync=sync)

@@ -94,10 +94,12 @@ NEVER = 1 << 40  # min_context of a configuration the planner predicts never to 
 
 def planned_sparse(model: Transformer, plan, n_ctx: int, n_seq: int, config: SparseConfig, measure: bool,
                    log) -> tuple[SparseConfig, SparsePolicy]:
-    """``config`` with the context from which the planner predicts sparse attention to pay
-    on ``plan`` (planner/sparse_policy.py), and that policy; ``measure``: measure this
-    machine's selection cost first if it is not cached (engine/calibrate_sparse.py, its
-    progress to ``log``).  Where sparse never pays, every row stays dense (min_context NEVER)."""
+    """``config`` for ``n_ctx`` (its top-k, SparseConfig.for_context) with the context from
+    which the planner predicts sparse attention to pay on ``plan`` (planner/sparse_policy.py),
+    and that policy; ``measure``: measure this machine's selection cost first if it is not
+    cached (engine/calibrate_sparse.py, its progress to ``log``).  Where sparse never pays,
+    every row stays dense (min_context NEVER)."""
+    config = config.for_context(n_ctx)
     machine = detect_machine(probe=False)
     cal = (ensure_sparse_calibration(model, config, machine, plan.threads, log) if measure else
            Calibration.load(cache_key(machine)))

@@ -40,7 +40,7 @@ from ..kernels.fused import norm_quant, quant_rows, rope_append, rope_table
 from ..kernels.paged_attention import merge_partials, row_part
 from ..kernels.rope_simd import kv_slot_addrs, rope_append_row, rope_simd_ok
 from ..kernels.sparse_index import (COUNT_ATTENDED, COUNT_REUSED, COUNT_ROWS, COUNT_SELECTIONS, COUNT_TOTAL,
-                                    SP_MIN_CONTEXT, SP_REUSE, gather_selection, row_k_blocks, score_part,
+                                    SP_K_BLOCKS, SP_MIN_CONTEXT, SP_REUSE, gather_selection, score_part,
                                     store_index_key)
 from ..kernels.sparse_reuse import A_CHOSE, A_KEYS, gather_reused, reuses
 from ..kernels.simd import addr, vlanes, vtag
@@ -192,7 +192,7 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                     sel_n[m] = gather_selection(tables[seq[m]], n_keys, bs, sp_conf, sp_scores[m], sel_tables[m],
                                                 sp_chosen[m, sl])
                     anchor[A_KEYS] = n_keys
-                    anchor[A_CHOSE] = row_k_blocks(n_keys, bs, sp_conf) if sel_n[m] < n_keys else -1
+                    anchor[A_CHOSE] = sp_conf[SP_K_BLOCKS] if sel_n[m] < n_keys else -1
                     if sel_n[m] < n_keys:
                         sp_counts[wid, layer, COUNT_SELECTIONS] += 1
                         if sp_conf[SP_REUSE] > 0:

@@ -42,11 +42,10 @@ _NEG = np.float32(-3.0e38)
 # a pair on Zen 4, so 6144 pairs take ~60 us, about a parallel region's launch
 PARALLEL_WORK = 6144
 PAD_LANES = 16  # the index arrays' padding: a vector of up to 16 lanes read at the last token
-# fields of the int64 config the selection kernels read (SparseConfig.kernel_conf); a row
-# picks max(SP_K_BLOCKS, its blocks // SP_K_PER) candidate blocks (SP_K_PER 0: SP_K_BLOCKS);
+# fields of the int64 config the selection kernels read (SparseConfig.kernel_conf);
 # SP_REUSE, SP_REUSE_COS: sparse_reuse.py (rows back, query cosine x 1e6)
-SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG, SP_K_PER, SP_REUSE, SP_REUSE_COS = range(9)
-SP_FIELDS = 9
+SP_MIN_CONTEXT, SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG, SP_REUSE, SP_REUSE_COS = range(8)
+SP_FIELDS = 8
 # fields of the per-layer counts the executor keeps of its sparse rows (SparseAttention.count_into)
 COUNT_ROWS, COUNT_ATTENDED, COUNT_TOTAL, COUNT_SELECTIONS, COUNT_REUSED = range(5)
 COUNT_FIELDS = 5
@@ -264,20 +263,12 @@ def kept_blocks(n_keys, bs, sink, window):
 
 
 @kernel
-def row_k_blocks(n_keys, bs, conf):
-    """Candidate blocks a row with ``n_keys`` keys picks: the top-k's, or one in every
-    conf[SP_K_PER] of its blocks where that is more."""
-    nb = (n_keys + bs - 1) // bs
-    return max(conf[SP_K_BLOCKS], nb // conf[SP_K_PER]) if conf[SP_K_PER] > 0 else conf[SP_K_BLOCKS]
-
-
-@kernel
 def row_selects(n_keys, bs, conf):
     """Whether a row with ``n_keys`` keys runs the scorer: at least conf[SP_MIN_CONTEXT]
-    keys and more candidate blocks than it picks (else it attends every key)."""
+    keys and more candidate blocks than the top-k (else it attends every key)."""
     nb = (n_keys + bs - 1) // bs
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
-    return n_keys >= conf[SP_MIN_CONTEXT] and nb - n_sink - n_win > row_k_blocks(n_keys, bs, conf)
+    return n_keys >= conf[SP_MIN_CONTEXT] and nb - n_sink - n_win > conf[SP_K_BLOCKS]
 
 
 @kernel
@@ -311,12 +302,12 @@ def score_part(q, hbasis, scale, idx, isc, slot, table, n_keys, bs, conf, w, par
 def gather_selection(table, n_keys, bs, conf, scores, out, chosen):
     """After every score_part of a row: its gathered block table into ``out`` (its own
     table when it does not select) and the candidate indices it picked into ``chosen``
-    (row_k_blocks of them); returns the keys the gathered table holds."""
+    (conf[SP_K_BLOCKS] of them); returns the keys the gathered table holds."""
     nb = (n_keys + bs - 1) // bs
     if not row_selects(n_keys, bs, conf):
         for i in range(nb):
             out[i] = table[i]
         return n_keys
     n_sink, n_win = kept_blocks(n_keys, bs, conf[SP_SINK], conf[SP_WINDOW])
-    n = _gather_top(scores, table, nb, n_sink, n_win, row_k_blocks(n_keys, bs, conf), out, chosen)
+    n = _gather_top(scores, table, nb, n_sink, n_win, conf[SP_K_BLOCKS], out, chosen)
     return (n - 1) * bs + n_keys - (nb - 1) * bs  # every gathered block is full but the last

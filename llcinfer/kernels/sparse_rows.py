@@ -25,8 +25,8 @@ from ..dtypes import KV_INT8
 from ..jit import parallel_kernel
 from .paged_attention import merge_partials, row_part, split_count
 from .simd import lanes_of
-from .sparse_index import (PAD_LANES, PARALLEL_WORK, SP_FIELDS, SP_REUSE, SP_SINK, SP_WINDOW, gather_selection,
-                           kept_blocks, row_k_blocks, row_selects, score_part)
+from .sparse_index import (PAD_LANES, PARALLEL_WORK, SP_FIELDS, SP_K_BLOCKS, SP_REUSE, SP_SINK, SP_WINDOW,
+                           gather_selection, kept_blocks, row_selects, score_part)
 from .sparse_reuse import A_CHOSE, A_KEYS, gather_reused, reuses
 
 
@@ -43,7 +43,7 @@ def _select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, p
                 anchor_of[m] = a
             else:
                 a, n = m, n_past + m + 1
-                anchor[A_KEYS], anchor[A_CHOSE] = n, row_k_blocks(n, bs, conf) if row_selects(n, bs, conf) else -1
+                anchor[A_KEYS], anchor[A_CHOSE] = n, conf[SP_K_BLOCKS] if row_selects(n, bs, conf) else -1
     for task in prange(M * parts):
         m = task // parts
         if anchor_of[m] < 0:
@@ -56,7 +56,7 @@ def _select_rows(q, hbasis, scale, idx, isc, slot, table, n_past, bs, conf, w, p
         a = anchor_of[m]
         if a >= 0:
             anchor = np.empty(2, np.int64)
-            anchor[A_KEYS], anchor[A_CHOSE] = n_past + a + 1, row_k_blocks(n_past + a + 1, bs, conf)
+            anchor[A_KEYS], anchor[A_CHOSE] = n_past + a + 1, conf[SP_K_BLOCKS]
             sel_keys[m] = gather_reused(table, n_past + m + 1, bs, conf, anchor, chosen[a], sel[m])
 
 

@@ -8,7 +8,7 @@ scores the index keys of every candidate block first:
     dense(n)  = predict(plan, ctx = n)
     sparse(n) = predict(plan, ctx = n_eff) + L_full * rows * select(n)
       n_eff      = (L_dense * n + L_sparse * kept(n)) / L        KV read per layer, on average
-      kept(n)    = min(n, (sink + window blocks + max(top-k blocks, nb / top_k_per)) * bs)
+      kept(n)    = min(n, (sink + top-k + window blocks) * bs)
       select(n)  = part_ns + token_ns * cand(n) / P               per full layer and row
       cand(n)    = n - (sink + window blocks) * bs                candidate keys
 
@@ -23,8 +23,8 @@ lossy mode for a real gain and covers the model's error near the break-even (on 
 host it predicted SmolLM2's break-even at ~2200 keys where the measured one was ~3000).  dense - sparse grows with n when the KV a
 sparse layer no longer reads costs more than the index keys a full layer scores, so the
 first such n is found by bisection; when sparse is slower even at ``SEARCH_MAX_CTX`` it
-never pays.  top-k (with its growth by context), window and sinks stay the configuration's:
-they are quality settings (perf/sparse_bench.py quality, perplexity), not a time budget.
+never pays.  top-k (for the context, SparseConfig.for_context), window and sinks stay the
+configuration's: they are quality settings (perplexity), not a time budget.
 """
 
 from __future__ import annotations
@@ -58,21 +58,15 @@ class Layers:
         self.n_layer, self.dense, self.full = n_layer, kinds.count("dense"), sparse.n_full(n_layer)
         bs = BLOCK_SIZE
         self.fixed_blocks = -(-sparse.sink // bs) + -(-sparse.window // bs)
-        self.k_blocks, self.k_per = -(-sparse.top_k // bs), sparse.top_k_per
-        self.kept_blocks = self.fixed_blocks + self.k_blocks  # the least a selecting row keeps
-
-    def kept(self, n: int) -> int:
-        """Blocks a row with n keys keeps when it selects (kernels/sparse_index.row_k_blocks)."""
-        nb = -(-n // BLOCK_SIZE)
-        return self.fixed_blocks + (max(self.k_blocks, nb // self.k_per) if self.k_per else self.k_blocks)
+        self.kept_blocks = self.fixed_blocks + -(-sparse.top_k // bs)
 
     def selects(self, n: int) -> bool:
-        """Whether a row with n keys has more candidate blocks than it picks."""
-        return -(-n // BLOCK_SIZE) > self.kept(n)
+        """Whether a row with n keys has more candidate blocks than the top-k."""
+        return -(-n // BLOCK_SIZE) > self.kept_blocks
 
     def n_eff(self, n: int) -> float:
         """Keys a row reads per layer, on average over the layers."""
-        kept = min(n, self.kept(n) * BLOCK_SIZE) if self.selects(n) else n
+        kept = min(n, self.kept_blocks * BLOCK_SIZE) if self.selects(n) else n
         return (self.dense * n + (self.n_layer - self.dense) * kept) / self.n_layer
 
     def candidates(self, n: int) -> int:
@@ -82,8 +76,7 @@ class Layers:
 @dataclass(frozen=True)
 class SparsePolicy:
     min_context: int | None  # keys from which rows run sparse; None: sparse never pays here
-    top_k: int
-    top_k_per: int  # or one in every top_k_per keys where more (0: top_k fixed)
+    top_k: int  # for the workload's context (SparseConfig.for_context)
     window: int
     sink: int
     dense_layers: int
@@ -94,8 +87,7 @@ class SparsePolicy:
     rates: str  # 'measured' | 'estimated': where the selection costs came from
 
     def explain(self) -> str:
-        k = f"top-k {self.top_k}" + (f" or 1/{self.top_k_per} of the keys" if self.top_k_per else "")
-        head = (f"sparse attention ({k}, window {self.window}, sinks {self.sink}; "
+        head = (f"sparse attention (top-k {self.top_k}, window {self.window}, sinks {self.sink}; "
                 f"{self.dense_layers} dense layers, {self.full_layers} with an indexer): ")
         if self.min_context is None:
             head += f"predicted never to pay on this plan (searched to {SEARCH_MAX_CTX} keys)"
@@ -144,7 +136,8 @@ class _Model:
 
 def sparse_policy(plan, machine, w: Workload, sparse, cal: Calibration | None = None) -> SparsePolicy:
     """The sparse policy of ``plan`` for ``w`` and the sparse configuration ``sparse``
-    (a sparse.SparseConfig: top_k, top_k_per, sink, window, dense_layers, full_every, rank)."""
+    (a sparse.SparseConfig for the workload's context: top_k, sink, window, dense_layers,
+    full_every, rank)."""
     cal = cal or Calibration()
     m = _Model(plan, machine, w, cal, sparse)
     bs = BLOCK_SIZE
@@ -163,6 +156,6 @@ def sparse_policy(plan, machine, w: Workload, sparse, cal: Calibration | None = 
         first = lo * bs
     dense_s = m.dense(w.ctx)
     sparse_s = m.sparse(w.ctx)
-    return SparsePolicy(min_context=first, top_k=sparse.top_k, top_k_per=sparse.top_k_per, window=sparse.window,
+    return SparsePolicy(min_context=first, top_k=sparse.top_k, window=sparse.window,
                         sink=sparse.sink, dense_layers=m.lay.dense, full_layers=m.lay.full, ctx=w.ctx, dense_s=dense_s,
                         sparse_s=sparse_s, rates=m.rates)

@@ -10,8 +10,7 @@ paged attention kernels run exactly on them, the sink blocks and the local windo
     one row at position p of a sparse layer (n = p + 1 keys, nb = ceil(n / bs) blocks):
         sinks    blocks 0 .. ceil(sink / bs) - 1
         window   the blocks holding positions n - window .. n - 1 (the partial one last)
-        chosen   the top max(ceil(top_k / bs), nb // top_k_per) of the blocks between
-                 (kernels/sparse_index.py)
+        chosen   the top ceil(top_k / bs) of the blocks between (kernels/sparse_index.py)
         out      = paged_attention over the gathered table [sinks, chosen (in order), window]
 
 Gathering whole blocks keeps the kernels' block layout (K^T per block, the SIMD paths)
@@ -26,7 +25,7 @@ executor from the steps before it, and a decode row on the batched path scores a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numba
 import numpy as np
@@ -35,7 +34,7 @@ from ..errors import UsageError
 from ..kernels.isa import current_isa
 from ..kernels.paged_attention import attention_tag
 from ..kernels.sparse_index import (AGG_MAX, AGG_SUM, PHI_EXP, PHI_RELU, SP_AGG, SP_FIELDS, SP_K_BLOCKS,
-                                    SP_K_PER, SP_MIN_CONTEXT, SP_PHI, SP_REUSE, SP_REUSE_COS, SP_SINK,
+                                    SP_MIN_CONTEXT, SP_PHI, SP_REUSE, SP_REUSE_COS, SP_SINK,
                                     SP_WINDOW, kept_blocks)
 from ..kernels.sparse_rows import attend_rows, select_rows
 from ..kernels.tables import F16_TO_F32
@@ -49,8 +48,8 @@ AGGS = {"max": AGG_MAX, "sum": AGG_SUM}
 @dataclass(frozen=True)
 class SparseConfig:
     top_k: int = 1024  # tokens (in whole blocks) the indexer picks besides sinks and window
-    # or one in every top_k_per of a row's keys where more (0: top_k fixed); at 32K keys
-    # Qwen-0.5B's perplexity was 1.044x dense with 1/32 of them, 1.018x with 1/16
+    # for_context(n_ctx) raises top_k to n_ctx / top_k_per (0: top_k fixed): at -c 32768
+    # Qwen-0.5B's perplexity was 1.044x dense with 1024, 1.018x with 2048
     top_k_per: int = 16
     sink: int = 16  # first tokens, always attended
     window: int = 256  # most recent tokens, always attended
@@ -62,7 +61,7 @@ class SparseConfig:
     # a full layer takes the blocks of the row that last ran its scorer, at most reuse_steps
     # rows back, while the query's mean cosine over heads to that row's stays >= reuse_cos
     # (kernels/sparse_reuse.py; 0: every row scores).  SmolLM2, -c 8192: 0.9 reused 13 % of
-    # the prompt rows' selections for +0.04 % perplexity, 0.8 46 % for +0.5 %
+    # the prompt rows' selections at no measurable perplexity, 0.8 46 % for +1 %
     reuse_steps: int = 4
     reuse_cos: float = 0.9
     rank: int = 16  # index key dims per KV head
@@ -90,15 +89,22 @@ class SparseConfig:
 
     @classmethod
     def from_options(cls, top_k: int | None = None, indexers: int | None = None) -> "SparseConfig":
-        """The configuration of LLM's and the CLI's options: a top_k given is fixed."""
+        """The configuration of LLM's and the CLI's options: a top_k given stays as given."""
         given = {k: v for k, v in (("top_k", top_k), ("indexers", indexers)) if v is not None}
         return cls(**given, **({"top_k_per": 0} if top_k is not None else {}))
+
+    def for_context(self, n_ctx: int) -> "SparseConfig":
+        """This configuration for a context of ``n_ctx`` tokens: top_k raised to n_ctx /
+        top_k_per (a multiple of 16) where that is more."""
+        if not self.top_k_per:
+            return self
+        return replace(self, top_k=max(self.top_k, -(-n_ctx // self.top_k_per // 16) * 16))
 
     def kernel_conf(self, block_size: int) -> np.ndarray:
         """conf  # [SP_FIELDS] int64: the selection rule as kernels/sparse_index.py reads it."""
         conf = np.zeros(SP_FIELDS, np.int64)
         conf[SP_MIN_CONTEXT], conf[SP_SINK], conf[SP_WINDOW] = self.min_context, self.sink, self.window
-        conf[SP_K_BLOCKS], conf[SP_K_PER] = -(-self.top_k // block_size), self.top_k_per
+        conf[SP_K_BLOCKS] = -(-self.top_k // block_size)
         conf[SP_PHI], conf[SP_AGG] = PHIS[self.phi], AGGS[self.agg]
         conf[SP_REUSE], conf[SP_REUSE_COS] = self.reuse_steps, round(self.reuse_cos * 1e6)
         return conf

@@ -310,14 +310,21 @@ def ppl(a) -> dict:
     from llcinfer.api import LLM
     from llcinfer.bench.perplexity import perplexity
 
+    fields = {f.name for f in dataclasses.fields(SparseConfig)}
+    parsed = [(v, [] if v == "dense" else [kv.split("=", 1) for kv in v.split(",")]) for v in a.variant]
+    for variant, pairs in parsed:
+        if any(len(kv) != 2 or kv[0] not in fields for kv in pairs):
+            raise SystemExit(f"--variant {variant!r}: expected 'dense' or name=value,... of {sorted(fields)}")
     llm = LLM(a.model, threads=a.threads, n_ctx=a.ctx, n_seq=2, progress=False, sparse=True)
     tokens = llm.tokenize(stdlib_text(560000, reverse=True))  # the text of `llcinfer perplexity -f stdlib.txt`
     sp = llm.model.sparse
     base, bs, out = sp.config, sp.pool.block_size, {"model": a.model, "ctx": a.ctx, "chunks": a.chunks, "runs": []}
     print(f"{a.model} -c {a.ctx}, {a.chunks} chunks, rows sparse from {base.min_context} keys", flush=True)
-    for variant in a.variant:
-        changes = {"min_context": NEVER} if variant == "dense" else {
-            k: type(getattr(base, k))(v) for k, v in (kv.split("=") for kv in variant.split(","))}
+    for variant, pairs in parsed:
+        try:
+            changes = {"min_context": NEVER} if variant == "dense" else {k: type(getattr(base, k))(v) for k, v in pairs}
+        except ValueError as e:
+            raise SystemExit(f"--variant {variant!r}: {e}") from None
         sp.config = dataclasses.replace(base, **changes)
         sp.conf[:] = sp.config.kernel_conf(bs)  # in place: the arrays the kernels were given
         llm.engine.pool.drop_cached()  # no prefix of the chunk from the last variant's KV

@@ -193,36 +193,26 @@ def top_blocks(scores, k, out):
 
 
 @kernel
-def project_query(q, hbasis, qt):
-    """qt  # [H, r] f32 = hbasis[h] @ q[h] of the query row  q  # [H, D]."""
-    H, r, D = hbasis.shape
-    for hh in range(H):
-        for i in range(r):
-            acc = np.float32(0.0)
-            for d in range(D):
-                acc += hbasis[hh, i, d] * q[hh, d]
-            qt[hh, i] = acc
-
-
-@kernel
 def quantize_query(q, hbasis, scale, qw, qsc, qcorr):
     """u = qw  # [H, r] int8, c = qsc  # [H] and qcorr  # [H, r/4] int32 (-128 sum of
     each quad of u[h]) of the query row  q  # [H, D] on  hbasis  # [H, r, D], times scale."""
     H, r, D = hbasis.shape
-    qt = np.empty((H, r), np.float32)  # [H, r] the query heads on their bases
-    project_query(q, hbasis, qt)
+    qt = np.empty(r, np.float32)  # [r] one query head on its basis
     for hh in range(H):
         amax = np.float32(0.0)
         for i in range(r):
-            qt[hh, i] *= scale
-            amax = max(amax, abs(qt[hh, i]))
+            acc = np.float32(0.0)
+            for d in range(D):
+                acc += hbasis[hh, i, d] * q[hh, d]
+            qt[i] = acc * scale
+            amax = max(amax, abs(qt[i]))
         c = amax / np.float32(127.0)
         inv = np.float32(1.0) / c if c > 0 else np.float32(0.0)
         qsc[hh] = c
         for i in range(r // 4):
             qcorr[hh, i] = 0
         for i in range(r):
-            v = qt[hh, i] * inv
+            v = qt[i] * inv
             iv = min(127, max(-127, np.int64(v + np.float32(0.5)) if v >= 0 else -np.int64(np.float32(0.5) - v)))
             qw[hh, i] = iv
             qcorr[hh, i // 4] -= 128 * iv

@@ -156,6 +156,6 @@ def sparse_policy(plan, machine, w: Workload, sparse, cal: Calibration | None = 
         first = lo * bs
     dense_s = m.dense(w.ctx)
     sparse_s = m.sparse(w.ctx)
-    return SparsePolicy(min_context=first, top_k=sparse.top_k, window=sparse.window,
-                        sink=sparse.sink, dense_layers=m.lay.dense, full_layers=m.lay.full, ctx=w.ctx, dense_s=dense_s,
+    return SparsePolicy(min_context=first, top_k=sparse.top_k, window=sparse.window, sink=sparse.sink,
+                        dense_layers=m.lay.dense, full_layers=m.lay.full, ctx=w.ctx, dense_s=dense_s,
                         sparse_s=sparse_s, rates=m.rates)

@@ -13,6 +13,10 @@ given fraction of the filler (``--depths N``: N fractions evenly spaced over 0 .
 "What is the pass key? The pass key is"; 8 tokens are generated greedily and the key is
 found when its digits are in them.  Every mode sees the same prompts and keys (random per
 trial from ``--seed``).  One LLM per mode, loaded in turn and reused over the trials.
+The trials of a length run from the deepest needle to the shallowest, so a prompt adopts
+the cached filler before its needle from the one before (prefix caching: the rows before
+the needle compute the same in either order); the first prompt of each length starts
+from an empty cache, and its time to first token is that mode's cold TTFT at the length.
 Sparse attention engages on rows with at least the planner's min_context keys only (the
 context from which it pays on this machine, printed): shorter prompts run dense.
 """
@@ -101,13 +105,21 @@ def run_mode(a, mode: str, trials: list[dict], n_ctx: int) -> dict:
         notes = {"n_ctx_train": llm.config.n_ctx_train,
                  "sparse_top_k": llm.engine.sparse.config.top_k if sparse else None,
                  "sparse_min_context": llm.engine.sparse.config.min_context if sparse else None}
+        length = None
         for t in trials:
+            if t["length"] != length:  # a cold prompt: nothing cached from the last length
+                length = t["length"]
+                llm.engine.scheduler.release_retained()
+                llm.engine.pool.drop_cached()
             prompt, n = build_prompt(llm, t["length"], t["depth"], t["key"])
             out = llm.generate(prompt, max_tokens=N_GEN, temperature=0)
+            s = llm.last_stats
             t["prompt_tokens"] = n
-            t[mode] = {"found": str(t["key"]) in out, "output": out}
+            t[mode] = {"found": str(t["key"]) in out, "output": out, "ttft_s": s.ttft_s,
+                       "prompt_evaluated": s.n_prompt_evaluated}
             print(f"  {mode} {t['length']} d{t['depth']:.2f}: {'found' if t[mode]['found'] else 'missed'} "
-                  f"{out!r}", file=sys.stderr, flush=True)
+                  f"{out!r} ({s.n_prompt_evaluated} prompt tokens run, first token after {s.ttft_s:.1f} s)",
+                  file=sys.stderr, flush=True)
         if sparse:
             notes["sparse_keys_fraction"] = llm.kv_stats()["sparse_keys_fraction"]
         return notes
@@ -121,6 +133,10 @@ def report(trials: list[dict], modes: list[str], notes: dict) -> dict:
     for t in trials:
         cells = ["found" if t[m]["found"] else "missed" for m in modes]
         print(f"| {t['length']} | {t['prompt_tokens']} | {t['depth']:.2f} | {t['key']} | " + " | ".join(cells) + " |")
+    for t in trials:
+        if all(t[m]["prompt_evaluated"] == t["prompt_tokens"] for m in modes):  # a cold prompt
+            print(f"time to first token, {t['prompt_tokens']} prompt tokens from cold: " +
+                  ", ".join(f"{m} {t[m]['ttft_s']:.1f} s" for m in modes))
     found = {m: sum(t[m]["found"] for t in trials) for m in modes}
     print("\nkeys found: " + ", ".join(f"{m} {found[m]}/{len(trials)}" for m in modes))
     summary = {"found": found}
@@ -143,6 +159,7 @@ def main(argv=None) -> None:
         lengths, depths, modes = check(a)
         rng = random.Random(a.seed)
         trials = [{"length": n, "depth": d, "key": rng.randint(10000, 99999)} for n in lengths for d in depths]
+        trials.sort(key=lambda t: (lengths.index(t["length"]), -t["depth"]))  # deepest needle first
         n_ctx = max(lengths) + N_GEN + 16
         notes = {m: run_mode(a, m, trials, n_ctx) for m in modes}
     except LLCInferError as exc:

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer import jit  # noqa: E402
 from llcinfer.kernels.paged_attention import attention_tag  # noqa: E402
-from llcinfer.kernels.sparse_index import AGG_SUM, PHI_EXP, PHI_RELU  # noqa: E402
+from llcinfer.kernels.sparse_index import (AGG_SUM, PHI_EXP, PHI_RELU, SP_AGG, SP_FIELDS, SP_K_BLOCKS,  # noqa: E402
+                                           SP_PHI, SP_SINK, SP_WINDOW)
 from llcinfer.kernels.sparse_rows import select_rows  # noqa: E402
 
 SHAPES = [("smollm2-135m", 3, 3, 8000), ("qwen2.5-0.5b", 2, 7, 16384), ("qwen2.5-0.5b", 2, 7, 32768)]
@@ -37,7 +38,8 @@ def one(KVH, G, n_keys, phi, threads, reps, r=16, bs=16, D=64, top_k=1024):
     w = np.ones(H, np.float32)  # [H]
     scores, out = np.empty((1, NB), np.float32), np.empty((1, NB), np.int32)  # [1, >= candidates], [1, >= gathered]
     keys = np.empty(1, np.int64)  # [1] keys of the gathered table
-    conf = np.array([0, bs, 256, top_k // bs, phi, AGG_SUM], np.int64)  # SP_*: 1 sink block, window 256
+    conf = np.zeros(SP_FIELDS, np.int64)  # SP_*: 1 sink block, window 256, no reuse
+    conf[[SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG]] = bs, 256, top_k // bs, phi, AGG_SUM
     args = (q[None], hb, 0.125, idx, isc, 0, table, n_keys - 1, bs, conf, w, threads, scores, out, keys,
             attention_tag())
     select_rows(*args)

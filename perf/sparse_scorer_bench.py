@@ -18,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer import jit  # noqa: E402
 from llcinfer.kernels.paged_attention import attention_tag  # noqa: E402
-from llcinfer.kernels.sparse_index import (AGG_SUM, PHI_EXP, PHI_RELU, SP_AGG, SP_FIELDS, SP_K_BLOCKS,  # noqa: E402
-                                           SP_PHI, SP_SINK, SP_WINDOW)
+from llcinfer.sparse import SparseConfig  # noqa: E402
 from llcinfer.kernels.sparse_rows import select_rows  # noqa: E402
 
 SHAPES = [("smollm2-135m", 3, 3, 8000), ("qwen2.5-0.5b", 2, 7, 16384), ("qwen2.5-0.5b", 2, 7, 32768)]
@@ -38,8 +37,8 @@ def one(KVH, G, n_keys, phi, threads, reps, r=16, bs=16, D=64, top_k=1024):
     w = np.ones(H, np.float32)  # [H]
     scores, out = np.empty((1, NB), np.float32), np.empty((1, NB), np.int32)  # [1, >= candidates], [1, >= gathered]
     keys = np.empty(1, np.int64)  # [1] keys of the gathered table
-    conf = np.zeros(SP_FIELDS, np.int64)  # SP_*: 1 sink block, window 256, no reuse
-    conf[[SP_SINK, SP_WINDOW, SP_K_BLOCKS, SP_PHI, SP_AGG]] = bs, 256, top_k // bs, phi, AGG_SUM
+    conf = SparseConfig(top_k=top_k, sink=bs, window=256, min_context=0, phi=phi, agg="sum",
+                        reuse_steps=0).kernel_conf(bs)  # SP_*: 1 sink block, window 256, no reuse
     args = (q[None], hb, 0.125, idx, isc, 0, table, n_keys - 1, bs, conf, w, threads, scores, out, keys,
             attention_tag())
     select_rows(*args)
@@ -60,9 +59,8 @@ def main() -> None:
     if a.threads < 1 or a.reps < 1:
         ap.error(f"--threads and --reps must be positive (got {a.threads}, {a.reps})")
     jit.set_threads(a.threads)
-    phi = PHI_EXP if a.phi == "exp" else PHI_RELU
     for name, KVH, G, n in SHAPES:
-        ms = one(KVH, G, n, phi, a.threads, a.reps)
+        ms = one(KVH, G, n, a.phi, a.threads, a.reps)
         print(f"{name} d{n} ({KVH}x{G} heads) threads {a.threads} phi {a.phi}: {ms:.3f} ms/layer, "
               f"{ms * 1e6 / -(-n // 16):.0f} ns/block")
 

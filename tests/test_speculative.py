@@ -133,22 +133,35 @@ def test_greedy_identity_every_drafter_tiny_model(tiny, policy, executor, monkey
         assert st.verified > 0 and st.accepted > 0, spec
 
 
-def test_greedy_identity_real_model_code_edit():
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_greedy_identity_real_model_code_edit(model, monkeypatch):
+    """The lookup drafters on a real code edit; Qwen copies the function with the rename
+    the instruction asks for, and the drafters learn it (copy_edits.py)."""
     import inspect
     import textwrap
 
-    llm = LLM("smollm2-135m", threads=2, n_ctx=2048, progress=False)
+    from llcinfer.speculative import copy_edits
+
+    llm = LLM(model, threads=2, n_ctx=2048, progress=False)
     msgs = [{"role": "user", "content": "Rename the parameter `text` to `source`:\n\n" + inspect.getsource(textwrap.indent)}]
-    want = llm.chat(msgs, max_tokens=64, temperature=0)
+    want = llm.chat(msgs, max_tokens=96, temperature=0)
     llm.close()
+    learned = []
+    learn = copy_edits.CopyEdits.learn
+    monkeypatch.setattr(copy_edits.CopyEdits, "learn", lambda self, a, b: (learned.append((a, b)), learn(self, a, b)))
     for spec in ("ngram", "suffix"):
-        sp = LLM("smollm2-135m", threads=2, n_ctx=2048, progress=False, speculative=spec)
+        learned.clear()
+        sp = LLM(model, threads=2, n_ctx=2048, progress=False, speculative=spec)
         assert sp.engine.speculator.executor is not None  # chains verified on the executor
         sp.engine.speculator.cost = FREE
-        got = sp.chat(msgs, max_tokens=64, temperature=0)
-        assert got == want, spec
-        assert sp.spec_stats.accepted > 10, spec  # the answer copies the input: drafts are accepted
+        got = sp.chat(msgs, max_tokens=96, temperature=0)
+        rename = (sp.tokenize("text"), sp.tokenize("source"))
+        accepted = sp.spec_stats.accepted
         sp.close()
+        assert got == want, spec
+        assert accepted > 10, spec  # the answer copies the input: drafts are accepted
+        if model.startswith("qwen"):
+            assert [(a, b) for a, b in learned if ([a], [b]) == rename], spec
 
 
 def test_sampling_same_seed_same_tokens_and_target_distribution(tiny):

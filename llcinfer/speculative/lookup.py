@@ -14,7 +14,13 @@ node's count is how many occurrences continue with its path, and its confidence
 the frequency of that path times the chance that the target follows a looked-up
 continuation for depth(node) tokens, r_n the measured per-token acceptance rate of
 drafts from n-token matches (``observe``; prior 0.9, worth 10 tokens), so confidences are acceptance
-probabilities the budget can weigh against the cost of a row.
+probabilities the budget can weigh against the cost of a row.  r_n is kept apart for
+drafts made right after a verified path was accepted whole: while the target copies, the
+next path is accepted far more often than after a miss.
+
+The prompt is looked up with the substitutions the target made while copying it
+(copy_edits.py): each proposal remembers the prompt tokens under its best path, and the
+next proposal compares that path with what the target wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .copy_edits import CopyEdits
 from .tree import DraftTree
 
 _MAX_OCCURRENCES = 24  # most recent occurrences merged into one trie
@@ -61,17 +68,16 @@ class NgramIndex:
         return [o for o in self.where.get(key, ()) if o != exclude]
 
 
-def continuation_trie(sources: list[tuple[list[int], int]], depth: int, max_nodes: int, rate: float) -> DraftTree:
-    """Merge the continuations doc[end : end + depth] of ``sources`` (doc, end) into a
+def continuation_trie(conts: list[list[int]], max_nodes: int, rate: float) -> DraftTree:
+    """Merge the continuations ``conts`` (one per occurrence of the matched suffix) into a
     tree of at most ``max_nodes`` nodes, the most frequent paths first (module doc)."""
     counts: dict[tuple[int, ...], int] = defaultdict(int)  # path -> occurrences continuing with it
-    for doc, end in sources:
-        cont = doc[end:end + depth]
+    for cont in conts:
         for k in range(1, len(cont) + 1):
             counts[tuple(cont[:k])] += 1
     if not counts:
         return DraftTree.empty()
-    share = 1.0 / len(sources)
+    share = 1.0 / len(conts)
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0])))[:max_nodes]  # parents rank first
     chosen = {path for path, _ in ranked}
     order = sorted((p for p in chosen if p[:-1] in chosen or len(p) == 1), key=lambda p: (len(p), p))
@@ -95,25 +101,32 @@ class NgramDrafter:
     def __init__(self, max_match: int = 4, min_match: int = 1, depth: int = 32):
         self.max_match, self.min_match, self.depth = max_match, min_match, depth
         self._own: dict[object, tuple[NgramIndex, int]] = {}  # request key -> its index and doc
-        self._tally = np.zeros((max_match + 1, 2))  # [match length, (accepted, tried)] draft tokens
-        self._last_match: dict[object, int] = {}  # request key -> match length of its last proposal
+        self._tally = np.zeros((max_match + 1, 2, 2))  # [match length, copying, (accepted, tried)] draft tokens
+        self._last_match: dict[object, tuple[int, int]] = {}  # request key -> (match length, copying) of its last proposal
+        self._copying: dict[object, int] = {}  # request key -> 1 while its last verified path was accepted whole
+        self._edits: dict[object, CopyEdits] = {}  # request key -> its prompt and learned substitutions
+        self._pending: dict[object, tuple] = {}  # request key -> its last proposal's best path (_learn)
 
-    def rate(self, n: int) -> float:
-        """Per-token acceptance rate of drafts from n-token matches (module doc)."""
-        acc, tried = self._tally[n]
+    def rate(self, n: int, copying: int = 0) -> float:
+        """Per-token acceptance rate of drafts from n-token matches, made right after a
+        verified path was accepted whole (``copying`` 1) or not (module doc)."""
+        acc, tried = self._tally[n, copying]
         return float((acc + 9.0) / (tried + 10.0))
 
     def observe(self, key, n_accepted: int, n_deepest: int) -> None:
         """The target accepted ``n_accepted`` tokens of the last proposal for ``key``, whose
         deepest verified node was ``n_deepest`` deep."""
-        n = self._last_match.pop(key, None)
-        if n is not None:
-            self._tally[n] += (n_accepted, n_accepted + (n_accepted < n_deepest))
+        last = self._last_match.pop(key, None)
+        if last is not None:
+            self._tally[last] += (n_accepted, n_accepted + (n_accepted < n_deepest))
+        self._copying[key] = int(0 < n_deepest == n_accepted)
 
     def _own_index(self, key, tokens: list[int]) -> tuple[NgramIndex, int]:
         if key not in self._own:
             idx = NgramIndex(self.max_match)
             self._own[key] = (idx, idx.add(tokens))
+            self._edits[key] = CopyEdits(tokens[:-1])  # what it started from: before its first proposal's root
+            self._pending.pop(key, None)
         idx, doc = self._own[key]
         have = len(idx.docs[doc])
         if tokens[:have] != idx.docs[doc]:  # rewound (never in the engine): start over
@@ -127,28 +140,67 @@ class NgramDrafter:
         idx, doc = self._own_index(key, tokens)
         return [(idx, doc)]
 
+    def _learn(self, key, tokens: list[int]) -> None:
+        """Compare the last proposal's best path with what the target wrote after it: where
+        it replaced a prompt token the path copied, learn the substitution (copy_edits.py)."""
+        pending = self._pending.pop(key, None)
+        if pending is None:
+            return
+        start, path, origin = pending
+        wrote = tokens[start:start + len(path)]
+        acc = 0
+        while acc < len(wrote) and wrote[acc] == path[acc]:
+            acc += 1
+        if 0 < acc < len(wrote) and origin[acc] is not None:  # aligned: a token of the path was accepted
+            self._edits[key].learn(origin[acc], wrote[acc])
+
     def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
         """A tree of at most ``max_nodes`` nodes continuing ``tokens`` (its last one is the root)."""
         if max_nodes <= 0:
             return DraftTree.empty()
         indexes = self._indexes(key, tokens)
+        self._learn(key, tokens)
+        edits = self._edits[key]
         for n in range(min(self.max_match, len(tokens)), self.min_match - 1, -1):
             pattern = tuple(tokens[-n:])
-            sources = []
+            depth = self.depth if n > _SHORT_MATCH else min(self.depth, _SHORT_DEPTH)
+            conts: list[list[int]] = []  # continuations, oldest first: other requests', the prompt's, the output's
+            origins: list[list | None] = []  # the prompt tokens under each (None: not the prompt)
             for idx, doc in indexes:
-                own_end = (doc, len(tokens)) if doc is not None else None
-                sources += [(idx.docs[d], e) for d, e in idx.occurrences(pattern, own_end)
-                            if e < len(idx.docs[d])]
-            if sources:
-                self._last_match[key] = n
-                depth = self.depth if n > _SHORT_MATCH else min(self.depth, _SHORT_DEPTH)
-                return continuation_trie(sources[-_MAX_OCCURRENCES:], depth, max_nodes, self.rate(n))
+                if doc is None:  # another request's history
+                    found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, None) if e < len(idx.docs[d])]
+                    conts += found
+                    origins += [None] * len(found)
+                    continue
+                for e in edits.ends(pattern)[-_MAX_OCCURRENCES:].tolist():  # the prompt, as the target edits it
+                    cont, origin = edits.continuation(e, depth, tokens)
+                    conts.append(cont)
+                    origins.append(origin)
+                found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, (doc, len(tokens)))
+                         if len(edits) <= e < len(idx.docs[d])]  # the request's own output
+                conts += found
+                origins += [None] * len(found)
+            if conts:
+                copying = self._copying.get(key, 0)
+                self._last_match[key] = (n, copying)
+                tree = continuation_trie(conts[-_MAX_OCCURRENCES:], max_nodes, self.rate(n, copying))
+                self._remember(key, tokens, tree, conts, origins)
+                return tree
         return DraftTree.empty()
+
+    def _remember(self, key, tokens, tree: DraftTree, conts: list, origins: list) -> None:
+        """Keep the tree's best path and the prompt tokens under it (the most recent
+        continuation that starts with it) for ``_learn``."""
+        path = tree.best_chain().tokens.tolist()
+        for cont, origin in zip(reversed(conts), reversed(origins)):
+            if origin is not None and cont[:len(path)] == path[:len(cont)]:
+                self._pending[key] = (len(tokens), path, origin + [None] * (len(path) - len(origin)))
+                return
 
     def finish(self, key, tokens: list[int]) -> None:
         """The request ended with ``tokens``: forget its index."""
-        self._own.pop(key, None)
-        self._last_match.pop(key, None)
+        for d in (self._own, self._last_match, self._copying, self._edits, self._pending):
+            d.pop(key, None)
 
 
 class SuffixDrafter(NgramDrafter):

@@ -80,17 +80,33 @@ def test_costly_selection_never_pays_and_cheap_one_pays_earlier(workloads):  # n
     assert wider.min_context > base.min_context  # more kept keys: more context before it pays
 
 
-def test_selection_cost_measured_in_the_step_and_cached(tmp_path):
+def reported_load(share):
+    """An OtherLoad stand-in that reports ``share`` of the CPU time taken by other processes."""
+
+    class Load:
+        def __enter__(self):
+            self.share = None
+            return self
+
+        def __exit__(self, *exc):
+            self.share = share
+
+    return Load
+
+
+def test_selection_cost_measured_in_the_step_and_cached(tmp_path, monkeypatch):
     """The selection cost is measured once in the decode step (cached per machine, kernel
     version and sparse configuration); LLM(sparse=True) runs rows sparse from the planner's
     context and says so in kv_stats."""
     from llcinfer import LLM
+    from llcinfer.engine import calibrate_sparse
     from llcinfer.engine.calibrate_sparse import ensure_sparse_calibration
     from llcinfer.engine.sparse_setup import NEVER, planned_sparse
     from llcinfer.engine.transformer import Transformer
     from llcinfer.hw import detect_machine
     from llcinfer.model.gguf_file import GGUFFile
 
+    monkeypatch.setattr(calibrate_sparse, "OtherLoad", reported_load(0.0))  # a quiet machine, whatever runs beside
     with isolated_runtime(tmp_path / "home"):
         path = write_tiny_model(tmp_path / "tiny.gguf", arch="qwen2", qtype="Q8_0", n_layer=3, d_model=128,
                                 n_head=4, n_kv_head=2, d_ff=96)
@@ -112,6 +128,32 @@ def test_selection_cost_measured_in_the_step_and_cached(tmp_path):
         assert llm.engine.sparse.config.min_context == (pol.min_context or NEVER) == llm.kv_stats()["sparse_min_context"]
         run, measured = planned_sparse(tm, llm.plan, 64, 1, cfg, False, said.append)
         assert measured.rates == "measured" and run.min_context == (measured.min_context or NEVER)
+
+
+def test_selection_cost_measured_under_load_is_not_cached(tmp_path, monkeypatch):
+    """A measurement during which other processes took much of the CPU time serves this
+    process only: it is not cached, and the next call measures again."""
+    from llcinfer.engine import calibrate_sparse
+    from llcinfer.engine.calibrate import OTHER_LOAD_MAX
+    from llcinfer.engine.transformer import Transformer
+    from llcinfer.hw import detect_machine
+    from llcinfer.model.gguf_file import GGUFFile
+
+    monkeypatch.setattr(calibrate_sparse, "OtherLoad", reported_load(OTHER_LOAD_MAX + 0.3))
+    with isolated_runtime(tmp_path / "home"):
+        path = write_tiny_model(tmp_path / "tiny.gguf", arch="qwen2", qtype="Q8_0", n_layer=3, d_model=128,
+                                n_head=4, n_kv_head=2, d_ff=96)
+        tm = Transformer(GGUFFile(path))
+        m = detect_machine(probe=False)
+        cfg = SparseConfig(dense_layers=1)
+        said = []
+        cal = calibrate_sparse.ensure_sparse_calibration(tm, cfg, m, 1, said.append)
+        key = select_key(tm.config, cfg)
+        assert key in cal.sparse_select_ns  # this process plans from it
+        assert len(said) == 2 and said[1].startswith("  not saved: other processes took 50 %")
+        assert key not in Calibration.load(cache_key(m)).sparse_select_ns
+        calibrate_sparse.ensure_sparse_calibration(tm, cfg, m, 1, said.append)
+        assert len(said) == 4  # measured again
 
 
 def test_cli_plan_shows_the_sparse_policy(tmp_path, monkeypatch, capsys):

@@ -3,7 +3,10 @@ kernel version and cached (planner/calibration.py), so the planner never plans f
 another host's numbers.
 
 ``ensure_calibration(model, machine, threads)`` measures what the cached calibration lacks
-for this model, printing one progress line per item, and saves it:
+for this model, printing one progress line per item, and saves it unless other processes
+took more than OTHER_LOAD_MAX of the machine's CPU time meanwhile (hw/cpu_load.py; beside
+a test run, the sparse selection measured 52.5 ns per key and core against 10.4 quiet,
+and the planner then kept every row dense):
 
   bandwidth    the read-bandwidth curve with every core count a domain can get (hw/probe.py)
   attention    decode attention over an f16 paged KV of this model's head shape: flops per
@@ -30,6 +33,7 @@ import numpy as np
 
 from ..executor import DecodeExecutor, Domains
 from ..hw.bandwidth import probe_curve, save_curve
+from ..hw.cpu_load import OtherLoad
 from ..hw.machine import Machine
 from ..kernels import set_threads
 from ..kernels.act_quant import quantize_activations_int
@@ -50,6 +54,7 @@ from .plan_check import measure_alternating
 STREAM_MIN_BYTES = 3  # a streamed working set is at least this many times the LLC
 STEP_TOKENS, STEP_REPS = 8, 3  # decode steps timed per repetition, repetitions (median)
 STREAM_MIN_CTX = 4096  # shorter rows read their KV less efficiently (more, smaller splits)
+OTHER_LOAD_MAX = 0.2  # a calibration during which other processes took more of the CPU time is not cached
 
 
 def _log(msg: str) -> None:
@@ -70,7 +75,7 @@ def attention_shape(config) -> str:
 
 def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration:
     """The cached calibration for ``m``, with whatever ``model`` needs that it lacks measured
-    now (a few seconds, once) and saved."""
+    now (a few seconds, once) and saved (``save_if_quiet``)."""
     key = cache_key(m)
     cal = Calibration.load(key)
     counts = core_counts(m, threads)
@@ -95,19 +100,31 @@ def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration
     log(f"calibrating this machine's kernels (once per machine and kernel version; "
         f"{Calibration.path(key)})")
     total = time.perf_counter()
-    for name, fn in todo:
-        t0 = time.perf_counter()
-        note = fn()
-        dt = time.perf_counter() - t0
-        cal.note_measured(name, dt)
-        log(f"  {name}: {note} ({dt:.1f} s)")
+    with OtherLoad() as load:
+        for name, fn in todo:
+            t0 = time.perf_counter()
+            note = fn()
+            dt = time.perf_counter() - t0
+            cal.note_measured(name, dt)
+            log(f"  {name}: {note} ({dt:.1f} s)")
     set_threads(threads)
     cal.note_measured("first-use total", time.perf_counter() - total)
+    save_if_quiet(cal, key, load, log)
+    return cal
+
+
+def save_if_quiet(cal: Calibration, key: str, load: OtherLoad, log) -> None:
+    """Cache ``cal`` unless other processes took more than OTHER_LOAD_MAX of the CPU time
+    while it was measured (then this process plans from it, and the next start measures
+    again)."""
+    if load.share is not None and load.share > OTHER_LOAD_MAX:
+        log(f"  not saved: other processes took {100 * load.share:.0f} % of the CPU time while it measured; "
+            "the next start measures again")
+        return
     try:
         cal.save(key)
     except OSError as exc:
         log(f"  not saved: {exc}")
-    return cal
 
 
 def _bandwidth(m: Machine, counts: list[int]) -> str:

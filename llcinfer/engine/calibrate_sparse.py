@@ -24,10 +24,12 @@ from dataclasses import replace
 import numpy as np
 
 from ..executor import Domains
+from ..hw.cpu_load import OtherLoad
 from ..hw.machine import Machine
 from ..planner.calibration import Calibration, cache_key
 from ..planner.candidates import budget_cores
 from ..planner.sparse_policy import Layers, select_key
+from .calibrate import save_if_quiet
 from .plan_check import measure_alternating
 
 CONTEXTS = (4096, 8192, 16384)  # keys of the timed sparse rows
@@ -36,23 +38,22 @@ STEP_TOKENS, STEP_REPS = 8, 5  # decode steps timed per repetition, repetitions 
 
 def ensure_sparse_calibration(model, sparse, m: Machine, threads: int, log) -> Calibration:
     """The cached calibration with the selection cost of ``model`` under ``sparse`` (a
-    SparseConfig) measured now if it lacks it (seconds, once), saved."""
+    SparseConfig) measured now if it lacks it (seconds, once), saved unless the machine was
+    busy meanwhile (calibrate.save_if_quiet)."""
     key = cache_key(m)
     cal = Calibration.load(key)
     name = select_key(model.config, sparse)
     if name in cal.sparse_select_ns:
         return cal
     t0 = time.perf_counter()
-    got = measure_select(model, sparse, budget_cores(m, threads))
+    with OtherLoad() as load:
+        got = measure_select(model, sparse, budget_cores(m, threads))
     dt = time.perf_counter() - t0
     cal.sparse_select_ns[name] = got
     cal.note_measured(f"sparse select {name}", dt)
     log(f"  sparse select {name}: {got['token_ns']:.1f} ns per candidate key and core, "
         f"{got['part_ns'] / 1e3:.1f} us per full layer ({dt:.1f} s)")
-    try:
-        cal.save(key)
-    except OSError as exc:
-        log(f"  not saved: {exc}")
+    save_if_quiet(cal, key, load, log)
     return cal
 
 

@@ -15,10 +15,13 @@ chain is checked against the tokens plain decoding then produced (``shadow`` /
 ``resolve``), so a drafter that fell silent is noticed when its drafts become good again.
 
 ``Pacer`` is the last word: it compares the measured seconds per token each sequence
-gains in steps that verified drafts (drafting included) with those of steps that did
-not, and while speculation is the slower, or while ``IDLE_STEPS`` drafted steps in a row
-found nothing worth verifying, it pauses drafting for a number of steps that doubles
-each time, up to ``MAX_PAUSE``.
+gains in steps that drafted (verifying or not: drafting that finds nothing worth a row
+still costs its time) with those of steps that did not draft, and while speculation is
+slower by more than ``MARGIN`` it pauses drafting for a number of steps that doubles
+each time, up to ``MAX_PAUSE``.  A drafter that costs next to nothing is therefore never
+paused for finding nothing, only for verifications that do not pay: a code edit's answer
+starts with prose that no lookup finds, and a pause grown long there would miss the
+copying that follows.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class Acceptance:
 
 MAX_PAUSE = 64  # plain steps at most between two tries of speculation
 EMA = 0.3  # weight of the newest step in the measured seconds per token
-IDLE_STEPS = 8  # drafted steps in a row with nothing worth verifying before drafting pauses
+MARGIN = 0.05  # speculation paused while its seconds per token exceed plain decoding's by more
+TRIES = 3  # drafting steps measured before judging them
 
 
 class Pacer:
@@ -86,12 +90,11 @@ class Pacer:
     its row), "plain" (no drafting)."""
 
     def __init__(self):
-        self.spec_s: float | None = None  # seconds per token per sequence, verified steps
-        self.plain_s: float | None = None  # the same, steps that verified nothing
+        self.spec_s: float | None = None  # seconds per token per sequence, steps that drafted
+        self.plain_s: float | None = None  # the same, steps that did not
         self.pause = 0  # plain steps left before drafting again
         self.next_pause = 4
-        self.tries = 0  # verified steps since the last pause
-        self.idle = 0  # drafted steps in a row that verified nothing
+        self.tries = 0  # drafting steps since the last pause
 
     def paused(self) -> bool:
         """Whether this step decodes plainly without drafting (counts the step)."""
@@ -111,23 +114,17 @@ class Pacer:
         def ema(old, new):
             return new if old is None else (1 - EMA) * old + EMA * new
 
-        if kind != "verified":
+        if kind == "plain":
             self.plain_s = ema(self.plain_s, seconds_per_token)
-            if kind == "drafted":
-                self.idle += 1
-                if self.idle >= IDLE_STEPS:  # drafting costs time and nothing pays: stop for a while
-                    self.idle = 0
-                    self._pause()
             return
-        self.idle = 0
         self.spec_s = ema(self.spec_s, seconds_per_token)
         self.tries += 1
-        if self.tries < 3:
-            return  # a few verified steps before judging them
+        if self.tries < TRIES:
+            return  # a few drafting steps before judging them
         if self.plain_s is None:
             self._pause(2)  # nothing to judge against yet: time two plain steps
             return
-        if self.spec_s > self.plain_s:
+        if self.spec_s > self.plain_s * (1 + MARGIN):
             self._pause()
             self.spec_s = None  # judged afresh after the pause
         else:

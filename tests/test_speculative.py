@@ -14,7 +14,7 @@ from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.speculative import (Acceptance, DraftTree, Pacer, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
                                   select_super_tree)
 
-from llcinfer.speculative.acceptance import MARGIN
+from llcinfer.speculative.acceptance import MARGIN, MAX_PAUSE, TRIES
 import naive
 from tiny_models import isolated_runtime, write_tiny_model
 
@@ -258,12 +258,15 @@ def test_pacer_pauses_speculation_while_it_is_slower_than_plain():
     assert [pacer.paused() for _ in range(3)] == [True, True, False]  # no plain figure yet: two plain steps
     pacer.record("plain", 0.008)
     pacer.record("plain", 0.008)
-    for _ in range(3):
+    for _ in range(TRIES):
         pacer.record("verified", 0.010)  # slower than plain's 8 ms
     assert [pacer.paused() for _ in range(5)] == [True] * 4 + [False]
-    for _ in range(3):
+    for _ in range(TRIES):
         pacer.record("verified", 0.011)
     assert sum(pacer.paused() for _ in range(20)) == 8  # found slower again: twice the pause
+    for _ in range(TRIES):  # a costly drafter: drafting takes 2 plain steps a try, so 120 steps of pause
+        pacer.record("drafted", 0.024, drafting_per_token=0.016)
+    assert sum(pacer.paused() for _ in range(200)) == round(TRIES * 2 / MARGIN) > MAX_PAUSE
     for _ in range(6):
         pacer.record("verified", 0.004)  # now faster: speculation goes on
     assert not pacer.paused()

@@ -75,6 +75,7 @@ class Speculator:
         self._ratio = 1.0  # the scale of this step's trees
         self.pacer = Pacer()  # speculation paused while it measures slower than plain decoding
         self._drafted = False  # whether this step's extend ran the drafter
+        self._draft_step_s = 0.0  # seconds this step's extend spent drafting
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
 
     # ------------------------------------------------------------------ start-up
@@ -147,7 +148,8 @@ class Speculator:
         for c, kept, tree in zip(decoding, trees, proposed):
             if not len(kept) and len(tree):  # not verified: checked against what plain decoding produces
                 self.acceptance.shadow(c.request.id, c.start, tree.best_chain())
-        self.stats.draft_seconds += time.perf_counter() - t0
+        self._draft_step_s = time.perf_counter() - t0
+        self.stats.draft_seconds += self._draft_step_s
         if not any(len(t) for t in trees):
             self.stats.plain_steps += 1
             return
@@ -192,7 +194,8 @@ class Speculator:
         gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
         if gained > 0:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
-            self.pacer.record(kind, seconds * len(batch.chunks) / gained)
+            per_token = len(batch.chunks) / gained
+            self.pacer.record(kind, seconds * per_token, self._draft_step_s * per_token)
 
     def prefilled(self, batch) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,

@@ -18,7 +18,10 @@ chain is checked against the tokens plain decoding then produced (``shadow`` /
 gains in steps that drafted (verifying or not: drafting that finds nothing worth a row
 still costs its time) with those of steps that did not draft, and while speculation is
 slower by more than ``MARGIN`` it pauses drafting for a number of steps that doubles
-each time, up to ``MAX_PAUSE``.  A drafter that costs next to nothing is therefore never
+each time, up to ``MAX_PAUSE``, and at least long enough that the drafting of the next
+tries costs at most ``MARGIN`` of the time (a draft model catching up on the tokens of a
+pause and drafting for three steps costs several plain steps; a lookup a fraction of a
+millisecond).  A drafter that costs next to nothing is therefore never
 paused for finding nothing, only for verifications that do not pay: a code edit's answer
 starts with prose that no lookup finds, and a pause grown long there would miss the
 copying that follows.
@@ -79,7 +82,8 @@ class Acceptance:
         self._pending.pop(key, None)
 
 
-MAX_PAUSE = 64  # plain steps at most between two tries of speculation
+MAX_PAUSE = 64  # the doubling pause grows up to this many plain steps ...
+MAX_COSTLY_PAUSE = 512  # ... and a pause that keeps costly drafting under MARGIN up to this
 EMA = 0.3  # weight of the newest step in the measured seconds per token
 MARGIN = 0.05  # speculation paused while its seconds per token exceed plain decoding's by more
 TRIES = 3  # drafting steps measured before judging them
@@ -92,6 +96,7 @@ class Pacer:
     def __init__(self):
         self.spec_s: float | None = None  # seconds per token per sequence, steps that drafted
         self.plain_s: float | None = None  # the same, steps that did not
+        self.draft_s = 0.0  # of spec_s, the drafting (draft model steps, lookups)
         self.pause = 0  # plain steps left before drafting again
         self.next_pause = 4
         self.tries = 0  # drafting steps since the last pause
@@ -110,13 +115,25 @@ class Pacer:
         if steps is None:
             self.next_pause = min(MAX_PAUSE, 2 * self.next_pause)
 
-    def record(self, kind: str, seconds_per_token: float) -> None:
+    def _slower(self) -> None:
+        """Speculation measured slower: pause, long enough that the drafting of the TRIES
+        steps after the pause, draft_s / plain_s plain steps each, is at most MARGIN of the
+        time.  (Verification rows that did not pay are not counted: the drafts' measured
+        worth, ``Acceptance``, already trims them for the next tries.)"""
+        drafting = TRIES * self.draft_s / self.plain_s  # plain steps
+        self._pause()
+        self.pause = max(self.pause, round(min(MAX_COSTLY_PAUSE, drafting / MARGIN)))
+
+    def record(self, kind: str, seconds_per_token: float, drafting_per_token: float = 0.0) -> None:
+        """A step's seconds per token each sequence gained; of them, ``drafting_per_token``
+        spent drafting."""
         def ema(old, new):
             return new if old is None else (1 - EMA) * old + EMA * new
 
         if kind == "plain":
             self.plain_s = ema(self.plain_s, seconds_per_token)
             return
+        self.draft_s = drafting_per_token if self.spec_s is None else ema(self.draft_s, drafting_per_token)
         self.spec_s = ema(self.spec_s, seconds_per_token)
         self.tries += 1
         if self.tries < TRIES:
@@ -125,7 +142,7 @@ class Pacer:
             self._pause(2)  # nothing to judge against yet: time two plain steps
             return
         if self.spec_s > self.plain_s * (1 + MARGIN):
-            self._pause()
+            self._slower()
             self.spec_s = None  # judged afresh after the pause
         else:
             self.next_pause = 4

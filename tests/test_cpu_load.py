@@ -21,9 +21,14 @@ def spin(seconds: float) -> None:
 
 def test_busy_processes_are_seen_and_this_process_is_not():
     n = len(os.sched_getaffinity(0))
+    with OtherLoad() as idle:
+        time.sleep(0.5)
+    assert idle.share is not None
+    if idle.share > 0.3:
+        pytest.skip(f"other processes already take {100 * idle.share:.0f} % of this machine's CPU time")
     with OtherLoad() as own:
         spin(1.0)  # this process keeps one core busy
-    assert own.share is not None and own.share < 0.5 / n + 0.1  # its own time is not counted
+    assert own.share < idle.share + 0.15  # its own time is not counted
     busy = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 3\nwhile time.time() < t: pass"])
             for _ in range(n)]
     try:

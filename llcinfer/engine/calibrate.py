@@ -4,9 +4,8 @@ another host's numbers.
 
 ``ensure_calibration(model, machine, threads)`` measures what the cached calibration lacks
 for this model, printing one progress line per item, and saves it unless other processes
-took more than OTHER_LOAD_MAX of the machine's CPU time meanwhile (hw/cpu_load.py; beside
-a test run, the sparse selection measured 52.5 ns per key and core against 10.4 quiet,
-and the planner then kept every row dense):
+took more than OTHER_LOAD_MAX of the machine's CPU time meanwhile (hw/cpu_load.py: a
+calibration measured beside another job would mislead every later start):
 
   bandwidth    the read-bandwidth curve with every core count a domain can get (hw/probe.py)
   attention    decode attention over an f16 paged KV of this model's head shape: flops per

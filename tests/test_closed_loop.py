@@ -224,3 +224,62 @@ def test_decode_step_calibration_fills_rates_and_factors(tmp_path, monkeypatch):
         shape = calibrate.attention_shape(model.config)
         assert set(cal.attention_stream_gbs) == {shape, f"{shape}@4"}
         assert all(g > 0 for t in cal.attention_stream_gbs.values() for g in t.values())
+
+
+@pytest.mark.parametrize("share", [0.0, 0.6])
+def test_calibration_is_cached_only_when_the_machine_was_quiet(tmp_path, monkeypatch, share):
+    """ensure_calibration keeps what it measured on a machine that other processes kept
+    busy (share of its CPU time above OTHER_LOAD_MAX) for this process only: neither the
+    calibration nor the bandwidth curve is written.  The measurements are stand-ins here."""
+    from tiny_models import isolated_runtime, write_tiny_model
+
+    from llcinfer.engine import calibrate
+    from llcinfer.engine.transformer import Transformer
+    from llcinfer.hw.bandwidth import curve_path
+    from llcinfer.model.gguf_file import GGUFFile
+    from llcinfer.planner import detect_machine
+
+    class Load:
+        def __enter__(self):
+            self.share = None
+            return self
+
+        def __exit__(self, *exc):
+            self.share = share
+
+    def fake_bandwidth(m, counts):
+        m.bandwidth, m.bandwidth_source = [(1 << 30, t, 10.0 * t) for t in counts], "measured"
+        return "stand-in"
+
+    def fake_step(cal, *a, **k):
+        cal.measured["step"] = 0.0
+        return "stand-in"
+
+    def fake_decode_step(cal, model, *a, **k):
+        cal.work_factor[calibrate.workload_from_model(model, ctx=16).name] = {"1x1": 1.0}
+        shape = calibrate.attention_shape(model.config)
+        cal.attention_stream_gbs.update({shape: {"1": 10.0}, f"{shape}@4": {"1": 10.0}})
+        return "stand-in"
+
+    def fake_attention(cal, config):
+        cal.attention_flops[calibrate.attention_shape(config)] = 1e9
+        return "stand-in"
+
+    def fake_matmul(cal, lins, counts, llc):
+        for q in {lin.qtype.name for lin in lins}:
+            cal.matmul_stream_gbs.update({q: {"1": 10.0}, f"{q}@4": {"1": 10.0}})
+        return "stand-in"
+
+    for name, fn in (("OtherLoad", Load), ("_bandwidth", fake_bandwidth), ("_step_overhead", fake_step),
+                     ("_decode_step", fake_decode_step), ("_attention", fake_attention), ("_matmul", fake_matmul)):
+        monkeypatch.setattr(calibrate, name, fn)
+    with isolated_runtime(tmp_path):
+        model = Transformer(GGUFFile(write_tiny_model(tmp_path / "t.gguf")))
+        m = detect_machine(probe=False)
+        said = []
+        cal = calibrate.ensure_calibration(model, m, 1, said.append)
+        assert cal.attention_flops and m.bandwidth_source == "measured"  # this process plans from it
+        quiet = share <= calibrate.OTHER_LOAD_MAX
+        assert curve_path(m).exists() == quiet
+        assert (Calibration.load(cache_key(m)) == cal) == quiet
+        assert any(line.startswith("  not saved: other processes took 60 %") for line in said) != quiet

@@ -108,28 +108,29 @@ def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration
             log(f"  {name}: {note} ({dt:.1f} s)")
     set_threads(threads)
     cal.note_measured("first-use total", time.perf_counter() - total)
-    save_if_quiet(cal, key, load, log)
+    if save_if_quiet(cal, key, load, log) and any(name == "bandwidth" for name, _ in todo):
+        save_curve(m, m.bandwidth)
     return cal
 
 
-def save_if_quiet(cal: Calibration, key: str, load: OtherLoad, log) -> None:
+def save_if_quiet(cal: Calibration, key: str, load: OtherLoad, log) -> bool:
     """Cache ``cal`` unless other processes took more than OTHER_LOAD_MAX of the CPU time
     while it was measured (then this process plans from it, and the next start measures
-    again)."""
+    again); whether the machine was quiet."""
     if load.share is not None and load.share > OTHER_LOAD_MAX:
         log(f"  not saved: other processes took {100 * load.share:.0f} % of the CPU time while it measured; "
             "the next start measures again")
-        return
+        return False
     try:
         cal.save(key)
     except OSError as exc:
         log(f"  not saved: {exc}")
+    return True
 
 
 def _bandwidth(m: Machine, counts: list[int]) -> str:
     threads = sorted(set(counts) | {int(t) for _, t, _ in m.bandwidth if m.bandwidth_source != "estimated"})
-    m.bandwidth, m.bandwidth_source = probe_curve(m, threads=threads), "measured"
-    save_curve(m, m.bandwidth)
+    m.bandwidth, m.bandwidth_source = probe_curve(m, threads=threads), "measured"  # saved with the rest
     dram = {t: g for w, t, g in m.bandwidth if w == max(p[0] for p in m.bandwidth)}
     return "DRAM " + ", ".join(f"{t} core{'s' if t > 1 else ''} {g:.0f} GB/s" for t, g in sorted(dram.items()))
 

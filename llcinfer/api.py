@@ -26,7 +26,7 @@ from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
 from .engine.sparse_setup import planned_sparse, with_chosen_layers
-from .engine.speculation import build_speculator
+from .engine.speculation import build_speculator, check_spec_options
 from .engine.transformer import Transformer
 from . import settings
 from .errors import ChatTemplateError, UsageError
@@ -110,6 +110,7 @@ class LLM:
                 raise UsageError(f"{name} must be a positive integer (got {value!r})")
             if value is not None and not sparse:
                 raise UsageError(f"{name} needs sparse=True")
+        check_spec_options(speculative, spec_budget, spec_policy)
         if sparse and speculative not in (None, "none"):
             raise UsageError("sparse attention and speculative decoding do not combine yet (draft tree rows "
                              "move K/V the index cache does not follow)")

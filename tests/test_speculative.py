@@ -322,6 +322,11 @@ def test_bad_speculative_arguments_are_one_line_errors(tiny):
     target, draft = tiny
     with pytest.raises(UsageError, match="speculative must be one of"):
         LLM(str(target), threads=1, n_ctx=128, speculative="bogus")
+    for bad, message in ((dict(speculative="draft:"), "speculative must be one of"),
+                         (dict(speculative="ngram", spec_budget=0), "budget must be a positive integer"),
+                         (dict(speculative="ngram", spec_policy="greedy"), "policy must be")):
+        with pytest.raises(UsageError, match=message):  # before the model file is even looked for
+            LLM(str(target.parent / "no-such-model.gguf"), threads=1, **bad)
     with pytest.raises(UsageError, match="not smaller than the target"):
         LLM(str(draft), threads=1, n_ctx=128, speculative=f"draft:{target}")
     with pytest.raises(UsageError, match="does not share the target's vocabulary"):

@@ -269,20 +269,28 @@ def chain_tree(n: int, depth: int = 8) -> np.ndarray:
     return np.where(i % depth == 1, 0, i - 1) if depth > 1 else np.where(i == 0, -1, 0)
 
 
+def check_spec_options(spec, budget: int | None = None, policy: str = "super-tree") -> None:
+    """A one-line UsageError for a speculative mode, budget or policy of the wrong form
+    (checked before any model is loaded; a draft model is checked when it is built)."""
+    if spec is None or spec == "none":
+        return
+    if not isinstance(spec, str) or not (spec in ("ngram", "suffix", "auto") or (spec.startswith("draft:") and len(spec) > 6)):
+        raise UsageError(f"speculative must be one of {SPEC_MODES} (got {spec!r})")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise UsageError(f"spec budget must be a positive integer (got {budget!r})")
+    if policy not in ("super-tree", "per-sequence"):
+        raise UsageError(f"spec policy must be 'super-tree' or 'per-sequence' (got {policy!r})")
+
+
 def build_speculator(spec: str | None, target, tokenizer_vocab: list[str], n_ctx: int, n_seq: int,
                      budget: int | None = None, policy: str = "super-tree", progress: bool = True,
                      llama_rounding: bool = True, kv_type: str | None = None) -> Speculator | None:
     """The speculator ``spec`` names (``SPEC_MODES``); None for "none".  "auto" drafts with
     the smallest cached catalog model that shares the target's vocabulary, else by suffix
     lookup.  A draft model that cannot draft for the target is a one-line UsageError."""
+    check_spec_options(spec, budget, policy)
     if spec is None or spec == "none":
         return None
-    if not isinstance(spec, str):
-        raise UsageError(f"speculative must be one of {SPEC_MODES} (got {spec!r})")
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
-        raise UsageError(f"spec budget must be a positive integer (got {budget!r})")
-    if policy not in ("super-tree", "per-sequence"):
-        raise UsageError(f"spec policy must be 'super-tree' or 'per-sequence' (got {policy!r})")
     if kv_type == "int8":
         raise UsageError("speculative decoding needs an f16 or f32 KV cache (not int8)")
     if spec == "auto":
@@ -292,7 +300,7 @@ def build_speculator(spec: str | None, target, tokenizer_vocab: list[str], n_ctx
         drafter = NgramDrafter()
     elif spec == "suffix":
         drafter = SuffixDrafter()
-    elif spec.startswith("draft:") and len(spec) > 6:
+    else:  # draft:MODEL (its form checked above)
         name = spec[6:]
         path = catalog.resolve_model(name, progress=progress)
         gguf = GGUFFile(path)
@@ -301,8 +309,6 @@ def build_speculator(spec: str | None, target, tokenizer_vocab: list[str], n_ctx
         check_draft_compatible(draft.config, target.config, vocab, tokenizer_vocab, draft.weights.nbytes,
                                target.weights.nbytes, name)
         drafter = DraftModelDrafter(draft, n_ctx, n_seq)
-    else:
-        raise UsageError(f"speculative must be one of {SPEC_MODES} (got {spec!r})")
     return Speculator(drafter, policy, budget)
 
 

@@ -226,6 +226,20 @@ def test_decode_step_calibration_fills_rates_and_factors(tmp_path, monkeypatch):
         assert all(g > 0 for t in cal.attention_stream_gbs.values() for g in t.values())
 
 
+def reported_load(share):
+    """An OtherLoad stand-in that reports ``share`` of the CPU time taken by other processes."""
+
+    class Load:
+        def __enter__(self):
+            self.share = None
+            return self
+
+        def __exit__(self, *exc):
+            self.share = share
+
+    return Load
+
+
 @pytest.mark.parametrize("share", [0.0, 0.6])
 def test_calibration_is_cached_only_when_the_machine_was_quiet(tmp_path, monkeypatch, share):
     """ensure_calibration keeps what it measured on a machine that other processes kept
@@ -238,14 +252,6 @@ def test_calibration_is_cached_only_when_the_machine_was_quiet(tmp_path, monkeyp
     from llcinfer.hw.bandwidth import curve_path
     from llcinfer.model.gguf_file import GGUFFile
     from llcinfer.planner import detect_machine
-
-    class Load:
-        def __enter__(self):
-            self.share = None
-            return self
-
-        def __exit__(self, *exc):
-            self.share = share
 
     def fake_bandwidth(m, counts):
         m.bandwidth, m.bandwidth_source = [(1 << 30, t, 10.0 * t) for t in counts], "measured"
@@ -270,7 +276,7 @@ def test_calibration_is_cached_only_when_the_machine_was_quiet(tmp_path, monkeyp
             cal.matmul_stream_gbs.update({q: {"1": 10.0}, f"{q}@4": {"1": 10.0}})
         return "stand-in"
 
-    for name, fn in (("OtherLoad", Load), ("_bandwidth", fake_bandwidth), ("_step_overhead", fake_step),
+    for name, fn in (("OtherLoad", reported_load(share)), ("_bandwidth", fake_bandwidth), ("_step_overhead", fake_step),
                      ("_decode_step", fake_decode_step), ("_attention", fake_attention), ("_matmul", fake_matmul)):
         monkeypatch.setattr(calibrate, name, fn)
     with isolated_runtime(tmp_path):

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from test_planner import machines, workloads  # noqa: F401  (fixture)
+from test_closed_loop import reported_load
 from tiny_models import isolated_runtime, write_tiny_model
 from llcinfer.planner import Calibration, cache_key, make_plan
 from llcinfer.planner.sparse_policy import BLOCK_SIZE, PAY_MARGIN, Layers, _Model, select_key, sparse_policy
@@ -80,18 +81,15 @@ def test_costly_selection_never_pays_and_cheap_one_pays_earlier(workloads):  # n
     assert wider.min_context > base.min_context  # more kept keys: more context before it pays
 
 
-def reported_load(share):
-    """An OtherLoad stand-in that reports ``share`` of the CPU time taken by other processes."""
+def tiny_sparse_model(tmp_path):
+    """(model, machine, sparse config) of a 3-layer qwen2-shaped tiny model, one dense layer."""
+    from llcinfer.engine.transformer import Transformer
+    from llcinfer.hw import detect_machine
+    from llcinfer.model.gguf_file import GGUFFile
 
-    class Load:
-        def __enter__(self):
-            self.share = None
-            return self
-
-        def __exit__(self, *exc):
-            self.share = share
-
-    return Load
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch="qwen2", qtype="Q8_0", n_layer=3, d_model=128,
+                            n_head=4, n_kv_head=2, d_ff=96)
+    return Transformer(GGUFFile(path)), detect_machine(probe=False), SparseConfig(dense_layers=1)
 
 
 def test_selection_cost_measured_in_the_step_and_cached(tmp_path, monkeypatch):
@@ -102,17 +100,10 @@ def test_selection_cost_measured_in_the_step_and_cached(tmp_path, monkeypatch):
     from llcinfer.engine import calibrate_sparse
     from llcinfer.engine.calibrate_sparse import ensure_sparse_calibration
     from llcinfer.engine.sparse_setup import NEVER, planned_sparse
-    from llcinfer.engine.transformer import Transformer
-    from llcinfer.hw import detect_machine
-    from llcinfer.model.gguf_file import GGUFFile
 
     monkeypatch.setattr(calibrate_sparse, "OtherLoad", reported_load(0.0))  # a quiet machine, whatever runs beside
     with isolated_runtime(tmp_path / "home"):
-        path = write_tiny_model(tmp_path / "tiny.gguf", arch="qwen2", qtype="Q8_0", n_layer=3, d_model=128,
-                                n_head=4, n_kv_head=2, d_ff=96)
-        tm = Transformer(GGUFFile(path))
-        m = detect_machine(probe=False)
-        cfg = SparseConfig(dense_layers=1)
+        tm, m, cfg = tiny_sparse_model(tmp_path)
         said = []
         cal = ensure_sparse_calibration(tm, cfg, m, 1, said.append)
         key = select_key(tm.config, cfg)
@@ -122,7 +113,8 @@ def test_selection_cost_measured_in_the_step_and_cached(tmp_path, monkeypatch):
         assert Calibration.load(cache_key(m)).sparse_select_ns[key] == got  # saved
         assert ensure_sparse_calibration(tm, cfg, m, 1, said.append).sparse_select_ns[key] == got and len(said) == 1
 
-        llm = LLM(str(path), threads=1, n_ctx=64, sparse=True, progress=False)  # LLCINFER_CALIBRATE=0 here
+        # LLCINFER_CALIBRATE=0 here
+        llm = LLM(str(tmp_path / "tiny.gguf"), threads=1, n_ctx=64, sparse=True, progress=False)
         pol = llm.sparse_policy
         assert pol.ctx == 64 and pol.full_layers == 1
         assert llm.engine.sparse.config.min_context == (pol.min_context or NEVER) == llm.kv_stats()["sparse_min_context"]
@@ -135,17 +127,10 @@ def test_selection_cost_measured_under_load_is_not_cached(tmp_path, monkeypatch)
     process only: it is not cached, and the next call measures again."""
     from llcinfer.engine import calibrate_sparse
     from llcinfer.engine.calibrate import OTHER_LOAD_MAX
-    from llcinfer.engine.transformer import Transformer
-    from llcinfer.hw import detect_machine
-    from llcinfer.model.gguf_file import GGUFFile
 
     monkeypatch.setattr(calibrate_sparse, "OtherLoad", reported_load(OTHER_LOAD_MAX + 0.3))
     with isolated_runtime(tmp_path / "home"):
-        path = write_tiny_model(tmp_path / "tiny.gguf", arch="qwen2", qtype="Q8_0", n_layer=3, d_model=128,
-                                n_head=4, n_kv_head=2, d_ff=96)
-        tm = Transformer(GGUFFile(path))
-        m = detect_machine(probe=False)
-        cfg = SparseConfig(dense_layers=1)
+        tm, m, cfg = tiny_sparse_model(tmp_path)
         said = []
         cal = calibrate_sparse.ensure_sparse_calibration(tm, cfg, m, 1, said.append)
         key = select_key(tm.config, cfg)

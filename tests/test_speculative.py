@@ -143,7 +143,8 @@ def test_greedy_identity_real_model_code_edit(model, monkeypatch):
     from llcinfer.speculative import copy_edits
 
     llm = LLM(model, threads=2, n_ctx=2048, progress=False)
-    msgs = [{"role": "user", "content": "Rename the parameter `text` to `source`:\n\n" + inspect.getsource(textwrap.indent)}]
+    instruction = "Rename the parameter `text` to `source`:\n\n"
+    msgs = [{"role": "user", "content": instruction + inspect.getsource(textwrap.indent)}]
     want = llm.chat(msgs, max_tokens=96, temperature=0)
     llm.close()
     learned = []

@@ -274,7 +274,8 @@ def check_spec_options(spec, budget: int | None = None, policy: str = "super-tre
     (checked before any model is loaded; a draft model is checked when it is built)."""
     if spec is None or spec == "none":
         return
-    if not isinstance(spec, str) or not (spec in ("ngram", "suffix", "auto") or (spec.startswith("draft:") and len(spec) > 6)):
+    draft = isinstance(spec, str) and spec.startswith("draft:") and len(spec) > 6
+    if not (draft or spec in ("ngram", "suffix", "auto")):
         raise UsageError(f"speculative must be one of {SPEC_MODES} (got {spec!r})")
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
         raise UsageError(f"spec budget must be a positive integer (got {budget!r})")

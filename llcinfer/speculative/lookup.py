@@ -102,7 +102,7 @@ class NgramDrafter:
         self.max_match, self.min_match, self.depth = max_match, min_match, depth
         self._own: dict[object, tuple[NgramIndex, int]] = {}  # request key -> its index and doc
         self._tally = np.zeros((max_match + 1, 2, 2))  # [match length, copying, (accepted, tried)] draft tokens
-        self._last_match: dict[object, tuple[int, int]] = {}  # request key -> (match length, copying) of its last proposal
+        self._last_match: dict[object, tuple[int, int]] = {}  # request key -> (match length, copying), last proposal
         self._copying: dict[object, int] = {}  # request key -> 1 while its last verified path was accepted whole
         self._edits: dict[object, CopyEdits] = {}  # request key -> its prompt and learned substitutions
         self._pending: dict[object, tuple] = {}  # request key -> its last proposal's best path (_learn)
@@ -168,7 +168,8 @@ class NgramDrafter:
             origins: list[list | None] = []  # the prompt tokens under each (None: not the prompt)
             for idx, doc in indexes:
                 if doc is None:  # another request's history
-                    found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, None) if e < len(idx.docs[d])]
+                    found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, None)
+                             if e < len(idx.docs[d])]
                     conts += found
                     origins += [None] * len(found)
                     continue

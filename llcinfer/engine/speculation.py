@@ -194,8 +194,7 @@ class Speculator:
         gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
         if gained > 0:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
-            per_token = len(batch.chunks) / gained
-            self.pacer.record(kind, seconds * per_token, self._draft_step_s * per_token)
+            self.pacer.record(kind, seconds, gained / len(batch.chunks), self._draft_step_s)
 
     def prefilled(self, batch) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,

@@ -94,9 +94,8 @@ class Pacer:
     its row), "plain" (no drafting)."""
 
     def __init__(self):
-        self.spec_s: float | None = None  # seconds per token per sequence, steps that drafted
-        self.plain_s: float | None = None  # the same, steps that did not
-        self.draft_s = 0.0  # of spec_s, the drafting (draft model steps, lookups)
+        self._spec: np.ndarray | None = None  # [seconds, drafting seconds, tokens per sequence] of drafting steps
+        self.plain_s: float | None = None  # seconds per token per sequence, steps that did not draft
         self.pause = 0  # plain steps left before drafting again
         self.next_pause = 4
         self.tries = 0  # drafting steps since the last pause
@@ -115,6 +114,18 @@ class Pacer:
         if steps is None:
             self.next_pause = min(MAX_PAUSE, 2 * self.next_pause)
 
+    @property
+    def spec_s(self) -> float | None:
+        """Seconds per token per sequence of the steps that drafted (a ratio of averages:
+        one step that verified a long draft and kept one token does not outweigh the step
+        that kept eight)."""
+        return None if self._spec is None else float(self._spec[0] / self._spec[2])
+
+    @property
+    def draft_s(self) -> float:
+        """Of spec_s, the drafting (draft model steps, lookups)."""
+        return 0.0 if self._spec is None else float(self._spec[1] / self._spec[2])
+
     def _slower(self) -> None:
         """Speculation measured slower: pause, long enough that the drafting of the TRIES
         steps after the pause, draft_s / plain_s plain steps each, is at most MARGIN of the
@@ -124,17 +135,16 @@ class Pacer:
         self._pause()
         self.pause = max(self.pause, round(min(MAX_COSTLY_PAUSE, drafting / MARGIN)))
 
-    def record(self, kind: str, seconds_per_token: float, drafting_per_token: float = 0.0) -> None:
-        """A step's seconds per token each sequence gained; of them, ``drafting_per_token``
-        spent drafting."""
+    def record(self, kind: str, seconds: float, tokens: float = 1.0, drafting: float = 0.0) -> None:
+        """A step of ``seconds``, in which each sequence gained ``tokens`` on average, and of
+        which ``drafting`` seconds went to drafting."""
         def ema(old, new):
             return new if old is None else (1 - EMA) * old + EMA * new
 
         if kind == "plain":
-            self.plain_s = ema(self.plain_s, seconds_per_token)
+            self.plain_s = ema(self.plain_s, seconds / tokens)
             return
-        self.draft_s = drafting_per_token if self.spec_s is None else ema(self.draft_s, drafting_per_token)
-        self.spec_s = ema(self.spec_s, seconds_per_token)
+        self._spec = ema(self._spec, np.array([seconds, drafting, tokens]))
         self.tries += 1
         if self.tries < TRIES:
             return  # a few drafting steps before judging them
@@ -143,6 +153,6 @@ class Pacer:
             return
         if self.spec_s > self.plain_s * (1 + MARGIN):
             self._slower()
-            self.spec_s = None  # judged afresh after the pause
+            self._spec = None  # judged afresh after the pause
         else:
             self.next_pause = 4

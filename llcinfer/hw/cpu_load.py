@@ -10,8 +10,6 @@ Without /proc (not Linux) the share is None: nothing can be told.
 
 from __future__ import annotations
 
-import os
-
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # of /proc/stat's "cpu" line: user nice system irq softirq steal
 _ALL_FIELDS = 8  # ... with idle and iowait (guest time is already counted in user)
 
@@ -25,7 +23,7 @@ def _machine_ticks() -> tuple[int, int]:
 
 def _own_ticks() -> int:
     """User + system clock ticks of this process, every thread."""
-    with open(f"/proc/{os.getpid()}/stat") as f:
+    with open("/proc/self/stat") as f:
         stat = f.read()
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": the comm may hold spaces
     return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)

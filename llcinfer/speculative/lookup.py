@@ -47,11 +47,13 @@ class NgramIndex:
         self.where: dict[tuple[int, ...], list[tuple[int, int]]] = defaultdict(list)  # n-gram -> [(doc, end)]
         self._indexed: list[int] = []  # tokens of each doc already indexed
 
-    def add(self, tokens: list[int]) -> int:
-        self.docs.append([])
-        self._indexed.append(0)
+    def add(self, tokens: list[int], skip: int = 0) -> int:
+        """A new document of ``tokens``; n-grams that end in its first ``skip`` tokens are
+        not indexed (text looked up elsewhere)."""
+        self.docs.append(list(tokens[:skip]))
+        self._indexed.append(len(self.docs[-1]))
         doc = len(self.docs) - 1
-        self.extend(doc, tokens)
+        self.extend(doc, tokens[skip:])
         return doc
 
     def extend(self, doc: int, tokens: list[int]) -> None:
@@ -124,7 +126,7 @@ class NgramDrafter:
     def _own_index(self, key, tokens: list[int]) -> tuple[NgramIndex, int]:
         if key not in self._own:
             idx = NgramIndex(self.max_match)
-            self._own[key] = (idx, idx.add(tokens))
+            self._own[key] = (idx, idx.add(tokens, skip=max(0, len(tokens) - 2)))  # the prompt: CopyEdits
             self._edits[key] = CopyEdits(tokens[:-1])  # what it started from: before its first proposal's root
             self._pending.pop(key, None)
         idx, doc = self._own[key]
@@ -178,7 +180,7 @@ class NgramDrafter:
                     conts.append(cont)
                     origins.append(origin)
                 found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, (doc, len(tokens)))
-                         if len(edits) <= e < len(idx.docs[d])]  # the request's own output
+                         if e < len(idx.docs[d])]  # the request's own output
                 conts += found
                 origins += [None] * len(found)
             if conts:

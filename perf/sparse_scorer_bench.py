@@ -9,45 +9,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llcinfer import jit  # noqa: E402
-from llcinfer.kernels.paged_attention import attention_tag  # noqa: E402
+from llcinfer.engine.calibrate_sparse import scorer_seconds  # noqa: E402
 from llcinfer.sparse import SparseConfig  # noqa: E402
-from llcinfer.kernels.sparse_rows import select_rows  # noqa: E402
 
 SHAPES = [("smollm2-135m", 3, 3, 8000), ("qwen2.5-0.5b", 2, 7, 16384), ("qwen2.5-0.5b", 2, 7, 32768)]
 
 
-def one(KVH, G, n_keys, phi, threads, reps, r=16, bs=16, D=64, top_k=1024):
-    rng = np.random.default_rng(0)
-    nb = -(-n_keys // bs)
-    NB = nb + 100
-    table = rng.permutation(NB)[:nb].astype(np.int32)  # [nb] scattered pool blocks
-    idx = rng.integers(0, 256, (1, NB, KVH, r // 4, bs, 4)).astype(np.uint8)  # [slot, block, kvh, r/4, token, 4]
-    isc = rng.uniform(0.001, 0.02, (1, NB, KVH, bs)).astype(np.float32)  # [slot, block, kvh, token]
-    H = KVH * G
-    q = rng.standard_normal((H, D)).astype(np.float32)  # [H, D]
-    hb = (rng.standard_normal((H, r, D)) / 8).astype(np.float32)  # [H, r, D]
-    w = np.ones(H, np.float32)  # [H]
-    scores, out = np.empty((1, NB), np.float32), np.empty((1, NB), np.int32)  # [1, >= candidates], [1, >= gathered]
-    keys = np.empty(1, np.int64)  # [1] keys of the gathered table
-    conf = SparseConfig(top_k=top_k, sink=bs, window=256, min_context=0, phi=phi, agg="sum",
-                        reuse_steps=0).kernel_conf(bs)  # SP_*: 1 sink block, window 256, no reuse
-    args = (q[None], hb, 0.125, idx, isc, 0, table, n_keys - 1, bs, conf, w, threads, scores, out, keys,
-            attention_tag())
-    select_rows(*args)
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        select_rows(*args)
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e3
+def one(KVH, G, n_keys, phi, threads, reps, r=16, D=64, top_k=1024):
+    conf = SparseConfig(top_k=top_k, sink=16, window=256, min_context=0, phi=phi, agg="sum",
+                        reuse_steps=0).kernel_conf(16)  # SP_*: 1 sink block, window 256, no reuse
+    return scorer_seconds(KVH, G, D, r, n_keys, conf, threads, reps) * 1e3
 
 
 def main() -> None:

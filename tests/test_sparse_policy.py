@@ -122,6 +122,30 @@ def test_selection_cost_measured_in_the_step_and_cached(tmp_path, monkeypatch):
         assert measured.rates == "measured" and run.min_context == (measured.min_context or NEVER)
 
 
+def test_selection_slope_never_below_the_scorer_alone(tmp_path, monkeypatch):
+    """Step timings whose differences shrink with the context (a busy host) would fit a
+    negative cost per candidate key; the fit is held at what the scorer and top-k cost
+    alone, timed on the model's head shape."""
+    from dataclasses import replace
+
+    from llcinfer.engine import calibrate_sparse
+
+    with isolated_runtime(tmp_path / "home"):
+        tm, m, cfg = tiny_sparse_model(tmp_path)
+        every = replace(cfg, min_context=0, reuse_steps=0)
+        c = tm.config
+        alone = calibrate_sparse.scorer_seconds(c.n_kv_head, c.n_head // c.n_kv_head, c.head_dim, cfg.rank,
+                                                calibrate_sparse.CONTEXTS[-1], every.kernel_conf(16), 1)
+        assert 0 < alone < 0.1
+        n = len(calibrate_sparse.CONTEXTS)
+        shrinking = [{"tpot_s": t} for i in range(n) for t in (0.010 - 0.001 * i, 0.002)]  # sparse, dense per context
+        monkeypatch.setattr(calibrate_sparse, "measure_alternating", lambda *a, **k: shrinking)
+        got = calibrate_sparse.measure_select(tm, cfg, [0])
+        cand = calibrate_sparse.Layers(c.n_layer, cfg).candidates(calibrate_sparse.CONTEXTS[-1])
+        assert got["token_ns"] >= 0.5 * alone / cand * 1e9 > 0  # the floor, within the timing's own noise
+        assert got["part_ns"] >= 0
+
+
 def test_selection_cost_measured_under_load_is_not_cached(tmp_path, monkeypatch):
     """A measurement during which other processes took much of the CPU time serves this
     process only: it is not cached, and the next call measures again."""

@@ -11,7 +11,11 @@ scattered blocks costs more.  Per full layer and row:
 
     select(n) = part_ns + token_ns * cand(n) / P        (cand: candidate keys of a row with n keys)
 
-a least-squares line through the three contexts gives the two constants.  Once per
+a least-squares line through the three contexts gives the two constants.  The step
+differences are small beside the step at the shorter contexts, so the line's slope can
+come out at or below zero on a busy host; it is held at least at what the fused scorer
+and top-k alone cost per candidate key (``scorer_seconds``, timed at the longest
+context), which the step cannot undercut.  Once per
 machine, kernel version, model shape and sparse configuration (rank, top-k, sinks,
 window, layer policy), cached with the rest of the calibration.
 """
@@ -24,11 +28,13 @@ from dataclasses import replace
 import numpy as np
 
 from ..executor import Domains
+from ..kernels.paged_attention import attention_tag
+from ..kernels.sparse_rows import select_rows
 from ..hw.cpu_load import OtherLoad
 from ..hw.machine import Machine
 from ..planner.calibration import Calibration, cache_key
 from ..planner.candidates import budget_cores
-from ..planner.sparse_policy import Layers, select_key
+from ..planner.sparse_policy import BLOCK_SIZE, Layers, select_key
 from .calibrate import save_if_quiet
 from .plan_check import measure_alternating
 
@@ -72,6 +78,39 @@ def measure_select(model, sparse, cores: list[int]) -> dict:
     over = np.array([(t[2 * i] - t[2 * i + 1]) / lay.full for i in range(len(CONTEXTS))])  # [contexts] s per full layer
     cand = np.array([lay.candidates(n) for n in CONTEXTS], float)  # [contexts] candidate keys
     per_key, part = np.polyfit(cand, over, 1)  # seconds per candidate key on P cores, per full layer
-    per_key = max(0.0, per_key)
+    c = model.config
+    alone = scorer_seconds(c.n_kv_head, c.n_head // c.n_kv_head, c.head_dim, sparse.rank, CONTEXTS[-1],
+                           every.kernel_conf(BLOCK_SIZE), len(cores), bs=BLOCK_SIZE)
+    per_key = max(per_key, alone / cand[-1])
     part = max(0.0, float(np.mean(over - per_key * cand)))
     return {"part_ns": part * 1e9, "token_ns": per_key * len(cores) * 1e9}
+
+
+def scorer_seconds(kv_heads: int, group: int, head_dim: int, rank: int, n_keys: int, kernel_conf: np.ndarray,
+                   threads: int, reps: int = 20, bs: int = 16) -> float:
+    """Median seconds of one decode row's selection on one layer alone (the fused scorer and
+    top-k, kernels/sparse_rows.select_rows) at a head shape, on random index entries in
+    blocks scattered over a pool, under the selection rule ``kernel_conf``  # [SP_FIELDS]."""
+    rng = np.random.default_rng(0)
+    nb = -(-n_keys // bs)
+    pool_blocks = nb + 100
+    table = rng.permutation(pool_blocks)[:nb].astype(np.int32)  # [nb] scattered pool blocks
+    idx = rng.integers(0, 256, (1, pool_blocks, kv_heads, rank // 4, bs, 4)).astype(np.uint8)
+    # idx  # [slot, block, kv_head, rank / 4, token, 4]
+    isc = rng.uniform(0.001, 0.02, (1, pool_blocks, kv_heads, bs)).astype(np.float32)  # [slot, block, kvh, token]
+    n_head = kv_heads * group
+    q = rng.standard_normal((1, n_head, head_dim)).astype(np.float32)  # [row, H, D]
+    basis = (rng.standard_normal((n_head, rank, head_dim)) / 8).astype(np.float32)  # [H, r, D]
+    w = np.ones(n_head, np.float32)  # [H]
+    scores = np.empty((1, pool_blocks), np.float32)  # [1, >= candidates]
+    sel = np.empty((1, pool_blocks), np.int32)  # [1, >= gathered blocks]
+    keys = np.empty(1, np.int64)  # [1] keys of the gathered table
+    args = (q, basis, head_dim ** -0.5, idx, isc, 0, table, n_keys - 1, bs, kernel_conf, w, threads, scores, sel, keys,
+            attention_tag())
+    select_rows(*args)  # compiled and warm
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        select_rows(*args)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))

@@ -14,7 +14,7 @@ from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.speculative import (Acceptance, DraftTree, Pacer, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
                                   select_super_tree)
 
-from llcinfer.speculative.acceptance import MARGIN, MAX_PAUSE, TRIES
+from llcinfer.speculative.acceptance import MARGIN, MAX_PAUSE, PROBE_EVERY, TRIES
 import naive
 from tiny_models import isolated_runtime, write_tiny_model
 
@@ -272,12 +272,36 @@ def test_pacer_pauses_speculation_while_it_is_slower_than_plain():
     for _ in range(6):
         pacer.record("verified", 0.004)  # now faster: speculation goes on
     assert not pacer.paused()
-    for _ in range(50):  # drafting that finds nothing and costs (almost) nothing is never paused
+    probes = 0
+    for _ in range(2 * PROBE_EVERY):  # drafting that finds nothing and costs (almost) nothing is never paused ...
         pacer.record("drafted", 0.008 * (1 + MARGIN / 2))
-        assert not pacer.paused()
+        if pacer.paused():  # ... only probed with a plain step now and then
+            probes += 1
+            pacer.record("plain", 0.008)
+    assert probes == 2
     for _ in range(3):  # drafting that finds nothing and costs time is
         pacer.record("drafted", 0.010)
     assert pacer.paused()
+
+
+def test_pacer_keeps_its_plain_figure_current():
+    """A plain figure taken while the process ran cold (twice too slow) would make slower
+    speculation look fast for ever: a faster plain step replaces it at once, and a plain
+    probe every PROBE_EVERY drafting steps brings one."""
+    pacer = Pacer()
+    pacer.record("plain", 0.016)  # cold
+    slower = 0.008 * 1.15  # speculation 15 % slower than the warm plain step of 8 ms
+    for _ in range(PROBE_EVERY):
+        assert not pacer.paused()  # judged against the cold figure: looks fast
+        pacer.record("drafted", slower)
+    assert pacer.paused()  # the probe
+    pacer.record("plain", 0.008)
+    assert pacer.plain_s == 0.008  # taken whole
+    assert not pacer.paused()
+    pacer.record("drafted", slower)
+    assert pacer.pause > 0  # judged at the next drafting step: slower
+    pacer.record("plain", 0.010)  # a slower plain step moves the figure by EMA only
+    assert 0.008 < pacer.plain_s < 0.010
 
 
 def test_pacer_weighs_steps_by_the_tokens_they_gained():

@@ -25,6 +25,10 @@ millisecond).  A drafter that costs next to nothing is therefore never
 paused for finding nothing, only for verifications that do not pay: a code edit's answer
 starts with prose that no lookup finds, and a pause grown long there would miss the
 copying that follows.
+
+The plain figure is kept current: one plain step every ``PROBE_EVERY`` drafting steps, and
+a plain step faster than the figure replaces it (the first plain steps may run before the
+process is warm; a figure left too slow would hide speculation that costs).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ MAX_COSTLY_PAUSE = 512  # ... and a pause that keeps costly drafting under MARGI
 EMA = 0.3  # weight of the newest step in the measured seconds per token
 MARGIN = 0.05  # speculation paused while its seconds per token exceed plain decoding's by more
 TRIES = 3  # drafting steps measured before judging them
+PROBE_EVERY = 64  # drafting steps between plain ones that keep the plain figure current
 
 
 class Pacer:
@@ -99,15 +104,17 @@ class Pacer:
         self.pause = 0  # plain steps left before drafting again
         self.next_pause = 4
         self.tries = 0  # drafting steps since the last pause
+        self.since_plain = 0  # drafting steps since the last plain one
 
     def paused(self) -> bool:
-        """Whether this step decodes plainly without drafting (counts the step)."""
+        """Whether this step decodes plainly without drafting (counts the step): during a
+        pause, and once every PROBE_EVERY drafting steps, to keep plain_s current."""
         if self.pause > 0:
             self.pause -= 1
             if self.pause == 0:
                 self.tries = 0
             return True
-        return False
+        return self.plain_s is not None and self.since_plain >= PROBE_EVERY
 
     def _pause(self, steps: int | None = None) -> None:
         self.pause = self.next_pause if steps is None else steps
@@ -142,10 +149,13 @@ class Pacer:
             return new if old is None else (1 - EMA) * old + EMA * new
 
         if kind == "plain":
-            self.plain_s = ema(self.plain_s, seconds / tokens)
+            now = seconds / tokens  # a faster plain step is taken whole: the first ones ran cold
+            self.plain_s = now if self.plain_s is None or now < self.plain_s else ema(self.plain_s, now)
+            self.since_plain = 0
             return
         self._spec = ema(self._spec, np.array([seconds, drafting, tokens]))
         self.tries += 1
+        self.since_plain += 1
         if self.tries < TRIES:
             return  # a few drafting steps before judging them
         if self.plain_s is None:

@@ -28,10 +28,10 @@ from dataclasses import replace
 import numpy as np
 
 from ..executor import Domains
-from ..kernels.paged_attention import attention_tag
-from ..kernels.sparse_rows import select_rows
 from ..hw.cpu_load import OtherLoad
 from ..hw.machine import Machine
+from ..kernels.paged_attention import attention_tag
+from ..kernels.sparse_rows import select_rows
 from ..planner.calibration import Calibration, cache_key
 from ..planner.candidates import budget_cores
 from ..planner.sparse_policy import BLOCK_SIZE, Layers, select_key

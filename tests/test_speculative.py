@@ -302,6 +302,11 @@ def test_pacer_keeps_its_plain_figure_current():
     assert pacer.pause > 0  # judged at the next drafting step: slower
     pacer.record("plain", 0.010)  # a slower plain step moves the figure by EMA only
     assert 0.008 < pacer.plain_s < 0.010
+    fresh = Pacer()
+    fresh.record("plain", 0.008)
+    for _ in range(PROBE_EVERY):
+        fresh.record("verified", 0.004)
+    assert fresh.paused() and not fresh.paused()  # a probe is one step, even when it went unrecorded
 
 
 def test_pacer_weighs_steps_by_the_tokens_they_gained():

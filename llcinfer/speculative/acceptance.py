@@ -114,7 +114,10 @@ class Pacer:
             if self.pause == 0:
                 self.tries = 0
             return True
-        return self.plain_s is not None and self.since_plain >= PROBE_EVERY
+        if self.plain_s is not None and self.since_plain >= PROBE_EVERY:
+            self.since_plain = 0  # one step, recorded or not (a prompt chunk beside it is not timed)
+            return True
+        return False
 
     def _pause(self, steps: int | None = None) -> None:
         self.pause = self.next_pause if steps is None else steps

@@ -4,6 +4,7 @@
     python perf/ab_trees.py --old 627c2a9 --new HEAD smollm2-135m --depth 4096 -r 20
     python perf/ab_trees.py --old HEAD qwen2.5-coder-0.5b --pp -n 512 -r 6
     python perf/ab_trees.py --old HEAD smollm2-135m --api -n 64    # LLM.generate's own TPOT
+    python perf/ab_trees.py --old HEAD qwen2.5-coder-1.5b --verify 8 -n 1  # a speculative verification step
 
 This host's speed drifts by up to 1.5x within minutes (other tenants), so two processes
 run one after the other can differ by more than a kernel change does.  Here both trees are
@@ -84,6 +85,32 @@ class ApiBench:
         return self.llm.last_stats.tpot_ms / 1e3 * n
 
 
+class VerifyBench:
+    """One speculative verification step of ``rows`` rows (a drafted chain after a 64-token
+    prefix, every row's logits) as the step loop runs it: engine/speculation.py
+    ``verification_seconds`` of the tree's package, one step per call."""
+
+    def __init__(self, package, model: str, threads: int, n_ctx: int, rows: int):
+        self.llm = importlib.import_module(f"{package}.api").LLM(model, threads=threads, n_ctx=n_ctx + 128,
+                                                                   progress=False)
+        self.verification_seconds = importlib.import_module(f"{package}.engine.speculation").verification_seconds
+        self.rows = rows
+        self.seq = self.llm.engine.new_sequence("verify")
+        self.llm.model.forward_chunks([(self.seq, list(range(1, 65)))])
+
+    def set_depth(self, depth: int, mode: str = "auto") -> None:
+        if depth:
+            raise SystemExit("--verify runs after a 64-token prefix (--depth 0)")
+
+    def warmup(self) -> None:
+        self.tg(1)
+
+    def tg(self, n: int) -> float:
+        """Seconds of n verification steps (each the median of 1)."""
+        return sum(self.verification_seconds(self.llm.model, [self.seq], self.rows, 1, self.llm.engine.runner.executor)
+                   for _ in range(n))
+
+
 def quartiles(xs) -> tuple[float, float, float]:
     return tuple(float(v) for v in np.percentile(xs, [50, 25, 75]))
 
@@ -117,6 +144,8 @@ def main(argv=None) -> None:
     ap.add_argument("-n", type=int, default=32, help="tokens per tg run")
     ap.add_argument("--pp", action="store_true", help="time prefill of an n-token prompt instead of tg")
     ap.add_argument("--api", action="store_true", help="TPOT of LLM.generate (the step loop) instead of raw decode steps")
+    ap.add_argument("--verify", type=int, default=None, metavar="T",
+                    help="time a speculative verification step of T rows (-n steps per run) instead of tg")
     ap.add_argument("-r", "--reps", type=int, default=12, help="tg runs per tree (alternating)")
     ap.add_argument("--load-first", choices=("old", "new", "both"), default="both",
                     help="which tree loads its model and KV pool first; both: each once (see below)")
@@ -129,19 +158,22 @@ def main(argv=None) -> None:
     def make(name, threads, n_ctx):
         if args.api:
             return ApiBench(f"ab_{name}", args.model, threads, n_ctx)
+        if args.verify:
+            return VerifyBench(f"ab_{name}", args.model, threads, n_ctx, args.verify)
         return ours[name].OursBench(args.model, threads, n_ctx)
 
     n_ctx = max(args.depth) + args.n + 64
     rows = []
     orders = {"old": [("old", "new")], "new": [("new", "old")]}.get(args.load_first, [("old", "new"), ("new", "old")])
-    label = f"{args.model} {'pp' if args.pp else 'api-tg' if args.api else 'tg'}{args.n}"
+    test = "pp" if args.pp else "api-tg" if args.api else f"verify{args.verify}x" if args.verify else "tg"
+    label = f"{args.model} {test}{args.n}"
     for threads in args.threads:
         by_depth = {d: [] for d in args.depth}
         for order in orders:
             benches = {name: make(name, threads, n_ctx) for name in order}
             for depth in args.depth:
                 row = {"threads": threads, "loaded_first": order[0],
-                       **compare(benches, depth, args.n, args.reps, args.pp)}
+                       **compare(benches, depth, args.n, args.reps, args.pp), "test": test}
                 rows.append(row)
                 by_depth[depth].append(row["ratio_new_old"])
                 print(f"{label} t={threads} d{depth} ({order[0]} loaded first): new/old {row['ratio_new_old']:.3f} "

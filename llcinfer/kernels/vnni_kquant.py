@@ -14,7 +14,8 @@ from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u6, vfma, vmul, vor, vshl
 from .vnni_blocks import _nib8, _w_part, _x8
 
 
-# Bytes ahead of the weight stream prefetched along the one- and two-row K-quant loops:
+# Bytes ahead of the weight stream prefetched along the K-quant loops (all row counts: the
+# first pass of a 4-row tile over a group reads it from DRAM, as a verification step does):
 # spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
 # of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
 # perf/overlap_ceiling.py --kernels (1 thread, weights from DRAM over the probe): Q4_K 0.67-
@@ -135,6 +136,7 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
         n2 = vzero_i(tag)
         n3 = vzero_i(tag)
         for s in range(8):
+            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
             s0, n0 = _k4_sub(wa, o, s, qs, x0, xs0, b, s0, n0, tag)
             s1, n1 = _k4_sub(wa, o, s, qs, x0 + K, xs0 + xss, b, s1, n1, tag)
@@ -256,6 +258,7 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
         s2 = vzero_i(tag)
         s3 = vzero_i(tag)
         for c in range(8):
+            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
             s0 = _k6_chunk(wa, o, c, qs, x0, xs0, b, s0, tag)
             s1 = _k6_chunk(wa, o, c, qs, x0 + K, xs0 + xss, b, s1, tag)

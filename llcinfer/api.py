@@ -26,7 +26,7 @@ from .engine.placement import domains_from_plan, plan_for_model
 from .engine.request import Completion, GenerationStats, RequestHandle
 from .engine.sampling import SamplingParams
 from .engine.sparse_setup import planned_sparse, with_chosen_layers
-from .engine.speculation import build_speculator, check_spec_options
+from .engine.speculation_setup import build_speculator, check_spec_options
 from .engine.transformer import Transformer
 from . import settings
 from .errors import ChatTemplateError, UsageError

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..api import LLM
-from ..engine.speculation import build_speculator
+from ..engine.speculation_setup import build_speculator
 from ..errors import UsageError
 from ..jit import child_env
 from ..model import catalog

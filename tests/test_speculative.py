@@ -2,10 +2,13 @@
 leaves, greedy identity with plain decoding for every drafter (tiny models and a real
 one), the sampling rule's distribution, the budget, and the one-line errors."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from llcinfer import LLM
+from llcinfer.engine.speculation import Speculator
 from llcinfer.engine.sampling import SamplingParams
 from llcinfer.engine.transformer import Transformer
 from llcinfer.errors import UsageError
@@ -319,6 +322,27 @@ def test_pacer_weighs_steps_by_the_tokens_they_gained():
         assert not pacer.paused()
         pacer.record("verified", 0.088, tokens=1 if i % 2 else 8)
     assert pacer.spec_s < 0.030
+
+
+def test_speculator_follows_the_decode_steps_it_measures():
+    """Plain one-sequence steps (drafting time taken out) slower than the start-up
+    measurement raise the verification cost's decode step and its bandwidth-bound rows;
+    a cost set by hand without a curve (FREE) is left as it is."""
+    sp = Speculator(NgramDrafter(), budget=6)
+    sp.cost = VerifyCost.fit([1, 2, 4, 8], [0.020, 0.024, 0.030, 0.050], decode_s=0.021)
+    sp.cost.k_max = 6
+    req = SimpleNamespace(n_prompt=4, tokens=list(range(10)))
+    batch = SimpleNamespace(chunks=[SimpleNamespace(start=9, request=req, tree=None)])
+    assert sp.current_cost() is sp.cost
+    for _ in range(20):
+        req.tokens.append(1)
+        sp.record_step(batch, [len(req.tokens) - 1], 0.030)  # plain: not drafted
+    now = sp.current_cost()
+    assert now.decode_s == pytest.approx(0.030, rel=1e-3) and now.seconds(8) == 0.050
+    assert now.k_max == 6  # the budget given stays
+    assert sp.current_cost() is now  # refitted only when the decode time moves
+    sp.cost = FREE
+    assert sp.current_cost() is FREE
 
 
 def test_ngram_and_suffix_drafters_propose_seen_continuations():

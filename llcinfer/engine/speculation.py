@@ -25,6 +25,7 @@ from ..planner.verify import VERIFY_ROWS, VerifyCost
 from ..speculative import Acceptance, DraftTree, Gates, Pacer, acceptance_walk, select_per_sequence, select_super_tree
 
 _MAX_NODES_PER_SEQ = 64  # candidate nodes a drafter may propose for one sequence
+DECODE_EMA = 0.3  # weight of the newest one-sequence plain step in the decode time followed
 
 
 @dataclass
@@ -73,6 +74,8 @@ class Speculator:
         self._drafted = False  # whether this step's extend ran the drafter
         self._draft_step_s = 0.0  # seconds this step's extend spent drafting
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
+        self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
+        self._cost_now: tuple | None = None  # (cost it came from, decode_s it used, VerifyCost)
 
     # ------------------------------------------------------------------ start-up
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
@@ -108,6 +111,23 @@ class Speculator:
             self.drafter.price(cost.decode_s, cost.slope_s, model.weights.nbytes)
         return cost
 
+    def current_cost(self) -> VerifyCost:
+        """``cost`` as the host runs now: the start-up curve with the plain decode steps
+        measured since, where they got slower (VerifyCost.with_slower_decode): verifying
+        rows is compute-bound from a few rows on, a decode step is not, so speculation
+        pays more while the weight stream is slow.  Refitted when the decode time moves
+        by more than 2 %."""
+        if self._decode_s is None:
+            return self.cost
+        cached = self._cost_now
+        if cached is not None and cached[0] is self.cost and abs(self._decode_s / cached[1] - 1) <= 0.02:
+            return cached[2]
+        now = self.cost.with_slower_decode(self._decode_s)
+        if now is not self.cost and self.budget is not None:
+            now.k_max = int(self.budget)
+        self._cost_now = (self.cost, self._decode_s, now)
+        return now
+
     # ------------------------------------------------------------------ per step
     def extend(self, batch, n_ctx: int, max_step_tokens: int) -> None:
         """Give the decoding chunks of ``batch`` their verification trees (module doc)."""
@@ -136,11 +156,12 @@ class Speculator:
         self._ratio = self.acceptance.ratio
         trees = [self.acceptance.scale(t, self._ratio) for t in trees]
         max_rows = max_step_tokens - batch.n_tokens + len(decoding)
+        cost = self.current_cost()
         if self.policy == "super-tree":
-            trees = select_super_tree(trees, self.cost, self.gates if self.gates.calibrated else None, max_rows)
+            trees = select_super_tree(trees, cost, self.gates if self.gates.calibrated else None, max_rows)
         else:
-            trees = select_per_sequence(trees, self.cost, max_rows)
-        trees = self._pays(trees)
+            trees = select_per_sequence(trees, cost, max_rows)
+        trees = self._pays(trees, cost)
         for c, kept, tree in zip(decoding, trees, proposed):
             if not len(kept) and len(tree):  # not verified: checked against what plain decoding produces
                 self.acceptance.shadow(c.request.id, c.start, tree.best_chain())
@@ -163,17 +184,17 @@ class Speculator:
                 continue
             c.tokens, c.tree = tokens, tree
 
-    def _pays(self, trees: list[DraftTree]) -> list[DraftTree]:
+    def _pays(self, trees: list[DraftTree], cost: VerifyCost) -> list[DraftTree]:
         """Keep the number r of the best nodes (by confidence, across the trees) that
         maximises the step's expected tokens per second, (n + sum of their confidences) /
         t(n + r); no node at all when even that falls below plain decoding's n / t_decode."""
         n = len(trees)
         cand = sorted(((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t))))
-        best_r, best = 0, n / self.cost.decode_s
+        best_r, best = 0, n / cost.decode_s
         expected = float(n)
         for r, (neg_conf, _, _) in enumerate(cand, 1):
             expected -= neg_conf
-            rate = expected / self.cost.seconds(n + r)
+            rate = expected / cost.seconds(n + r)
             if rate > best:
                 best_r, best = r, rate
         keep = [np.zeros(len(t), bool) for t in trees]
@@ -191,6 +212,9 @@ class Speculator:
         if gained > 0:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
             self.pacer.record(kind, seconds, gained / len(batch.chunks), self._draft_step_s)
+            if kind != "verified" and len(batch.chunks) == 1:  # a plain decode step of one sequence
+                step = seconds - (self._draft_step_s if drafted else 0.0)
+                self._decode_s = step if self._decode_s is None else (1 - DECODE_EMA) * self._decode_s + DECODE_EMA * step
 
     def prefilled(self, batch) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,
@@ -219,7 +243,7 @@ class Speculator:
         req.stats.spec_verified += len(tree)
         req.stats.spec_accepted += len(path)
         if self.gates is not None:
-            self.gates.record(tree.depth, tree.conf, accepted, self.cost.break_even)
+            self.gates.record(tree.depth, tree.conf, accepted, self.current_cost().break_even)
         if hasattr(self.drafter, "observe"):
             self.drafter.observe(req.id, len(path), int(tree.depth.max()))
         if req.seq is not None:

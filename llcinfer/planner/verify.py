@@ -61,6 +61,18 @@ class VerifyCost:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def with_slower_decode(self, decode_s: float) -> "VerifyCost":
+        """This cost once a plain decode step takes ``decode_s``, more than when it was
+        measured: the weight stream has slowed (the host's bandwidth moved), the rows'
+        compute has not, so one row costs what it did times decode_s / self.decode_s and
+        every larger step at least that.  A faster decode step leaves the cost as it is:
+        how much of each measured step was weight stream cannot be told from it."""
+        if decode_s <= self.decode_s or not self.curve_rows:
+            return self
+        first = self.curve_s[0] * decode_s / self.decode_s  # curve_rows[0] is 1
+        sec = [first] + [max(t, first) for t in self.curve_s[1:]]
+        return VerifyCost.fit(list(self.curve_rows), sec, decode_s)
+
     @staticmethod
     def fit(rows: list[int], seconds: list[float], decode_s: float, knee_ratio: float = KNEE_RATIO) -> "VerifyCost":
         """From (rows, seconds), rows ascending from 1: the knee is the largest T costing at

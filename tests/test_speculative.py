@@ -276,14 +276,14 @@ def test_pacer_pauses_speculation_while_it_is_slower_than_plain():
         pacer.record("verified", 0.004)  # now faster: speculation goes on
     assert not pacer.paused()
     probes = 0
-    for _ in range(2 * PROBE_EVERY):  # drafting that finds nothing and costs (almost) nothing is never paused ...
-        pacer.record("drafted", 0.008 * (1 + MARGIN / 2))
+    for _ in range(2 * PROBE_EVERY):  # drafting that finds nothing and costs (almost) nothing is never paused,
+        pacer.record("drafted", 0.008 * (1 + 4 * MARGIN), drafting=0.0002)  # however slow the host's noise makes a step ...
         if pacer.paused():  # ... only probed with a plain step now and then
             probes += 1
             pacer.record("plain", 0.008)
     assert probes == 2
     for _ in range(3):  # drafting that finds nothing and costs time is
-        pacer.record("drafted", 0.010)
+        pacer.record("drafted", 0.010, drafting=0.002)
     assert pacer.paused()
 
 
@@ -296,12 +296,12 @@ def test_pacer_keeps_its_plain_figure_current():
     slower = 0.008 * 1.15  # speculation 15 % slower than the warm plain step of 8 ms
     for _ in range(PROBE_EVERY):
         assert not pacer.paused()  # judged against the cold figure: looks fast
-        pacer.record("drafted", slower)
+        pacer.record("verified", slower)
     assert pacer.paused()  # the probe
     pacer.record("plain", 0.008)
     assert pacer.plain_s == 0.008  # taken whole
     assert not pacer.paused()
-    pacer.record("drafted", slower)
+    pacer.record("verified", slower)
     assert pacer.pause > 0  # judged at the next drafting step: slower
     pacer.record("plain", 0.010)  # a slower plain step moves the figure by EMA only
     assert 0.008 < pacer.plain_s < 0.010

@@ -68,13 +68,15 @@ class ApiBench:
     """TPOT as a user gets it: ``LLM.generate`` (greedy, end of text ignored) of a tree's
     package, its own ``last_stats`` (sampling, detokenizing and the step loop included)."""
 
+    NO_DEPTH = "--api runs from an empty context (--depth 0)"
+
     def __init__(self, package, model: str, threads: int, n_ctx: int):
         self.llm = importlib.import_module(f"{package}.api").LLM(model, threads=threads, n_ctx=n_ctx, progress=False)
         self.depth = 0
 
     def set_depth(self, depth: int, mode: str = "auto") -> None:
         if depth:
-            raise SystemExit("--api runs from an empty context (--depth 0)")
+            raise SystemExit(self.NO_DEPTH)
 
     def warmup(self) -> None:
         self.tg(8)
@@ -85,25 +87,19 @@ class ApiBench:
         return self.llm.last_stats.tpot_ms / 1e3 * n
 
 
-class VerifyBench:
+class VerifyBench(ApiBench):
     """One speculative verification step of ``rows`` rows (a drafted chain after a 64-token
     prefix, every row's logits) as the step loop runs it: engine/speculation.py
     ``verification_seconds`` of the tree's package, one step per call."""
 
+    NO_DEPTH = "--verify runs after a 64-token prefix (--depth 0)"
+
     def __init__(self, package, model: str, threads: int, n_ctx: int, rows: int):
-        self.llm = importlib.import_module(f"{package}.api").LLM(model, threads=threads, n_ctx=n_ctx + 128,
-                                                                   progress=False)
+        super().__init__(package, model, threads, n_ctx + 128)
         self.verification_seconds = importlib.import_module(f"{package}.engine.speculation").verification_seconds
         self.rows = rows
         self.seq = self.llm.engine.new_sequence("verify")
         self.llm.model.forward_chunks([(self.seq, list(range(1, 65)))])
-
-    def set_depth(self, depth: int, mode: str = "auto") -> None:
-        if depth:
-            raise SystemExit("--verify runs after a 64-token prefix (--depth 0)")
-
-    def warmup(self) -> None:
-        self.tg(1)
 
     def tg(self, n: int) -> float:
         """Seconds of n verification steps (each the median of 1)."""
@@ -151,6 +147,8 @@ def main(argv=None) -> None:
                     help="which tree loads its model and KV pool first; both: each once (see below)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.verify is not None and args.verify < 1:
+        ap.error(f"--verify takes a positive number of rows (got {args.verify})")
     trees = {"old": args.old, "new": args.new}
     prepare_trees(trees)
     ours = {name: importlib.import_module(f"ab_{name}.bench.ours") for name in trees}

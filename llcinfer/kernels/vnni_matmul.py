@@ -24,8 +24,8 @@ then a last single row (M = 3: 2 + 1, M = 7: 4 + 2 + 1).  A group's weights stay
 in L1/L2 while every row of x passes over them.  The one-row loops (decode) prefetch the
 weight stream ``vnni_blocks.W_AHEAD`` bytes ahead (groups are contiguous, so past a group
 lies the next); the K-quant loops do so at every row count (``vnni_kquant.K_AHEAD``), the
-32-value 4-row loop does not (it measured slower with it).  The loops over one group, per weight type, are in vnni_blocks.py and
-vnni_kquant.py; this module holds the drivers.
+32-value 4-row loop does not (it measured slower with it).  The loops over one group, per
+weight type, are in vnni_blocks.py and vnni_kquant.py; this module holds the drivers.
 """
 
 from numba import prange

@@ -20,7 +20,7 @@ STEP_FIELDS = (
     ("hpriv", "[workers, M * K] f32 each worker's normed input"),
     ("qpriv", "[workers, 2, M * K] int8 each worker's quantized input, per activation kind"),
     ("dpriv", "[workers, 2, M * K / 32 + 1] f32 its block scales"),
-    ("spriv", "[workers, 2, M * K / 16 + 1] int32 its block sums"),
+    ("spriv", "[workers, 2, M * K / 16 + 1] int32 its block sums (kind 1, Q8_K, read as int16)"),
     ("qb", "[M, H * D] f32 queries"),
     ("kb", "[M, KVH * D] f32 keys"),
     ("vb", "[M, KVH * D] f32 values"),

@@ -5,6 +5,8 @@ region's first weights, and the views of a worker's private int8 input
 (step_kernel.run_worker is the loop that uses them).
 """
 
+import numpy as np
+
 from ..jit import kernel
 from ..kernels.simd import addr, prefetch_l2
 from ..kernels.vnni_matmul import group_rows
@@ -118,7 +120,7 @@ def _views(qpriv, dpriv, spriv, wid, M, K, xin):
     d0 = dpriv[wid, 0, :M * (K // 32)].reshape((M, K // 32))
     d1 = dpriv[wid, 1, :M * (K // 256)].reshape((M, K // 256))
     s0 = spriv[wid, 0, :M * (K // 32)].reshape((M, K // 32))
-    s1 = spriv[wid, 1, :M * (K // 16)].reshape((M, K // 16))
+    s1 = spriv[wid, 1].view(np.int16)[:M * (K // 16)].reshape((M, K // 16))  # Q8_K sums are int16
     xin[0, 0], xin[0, 1], xin[0, 2] = addr(q0), addr(d0), addr(s0)
     xin[1, 0], xin[1, 1], xin[1, 2] = addr(q1), addr(d1), addr(s1)
     return (q0, q1), (d0, d1), (s0, s1)

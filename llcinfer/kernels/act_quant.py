@@ -91,7 +91,8 @@ def quantize_q8_0_int(x, q, d, s):
 @kernel
 def quantize_q8_k_int(x, q, d, s):
     """x  # [M, K] f32, K % 256 == 0  ->  q  # [M, K] int8,  d  # [M, K/256] f32,
-    s  # [M, K/16] int32 (sums of 16 q, llama.cpp's bsums)
+    s  # [M, K/16] int16 (sums of 16 q, llama.cpp's bsums: at most 16 x 127; int16 so that
+    two adjacent sums load as one pair for vpdpwssd)
 
     Loops written for the vectorizer (a max reduction, then the first index holding it,
     as llama.cpp's strict ``>`` scan picks; then the rounding and the sums in plain loops):
@@ -122,11 +123,11 @@ def quantize_q8_k_int(x, q, d, s):
                 tot = 0
                 for j in range(16):
                     tot += np.int32(qb[16 * g + j])
-                s[m, 16 * b + g] = tot
+                s[m, 16 * b + g] = np.int16(tot)
 
 
 def quantize_activations_int(x: np.ndarray, kind: int):
-    """(q int8 [M, K], scales f32, block sums int32) of x # [M, K] f32 for ACT_Q8_0 / ACT_Q8_K;
+    """(q int8 [M, K], scales f32, block sums: int32 per 32 for Q8_0, int16 per 16 for Q8_K) of x # [M, K] f32 for ACT_Q8_0 / ACT_Q8_K;
     q * scale (per block) equals ``quantize_activations(x, kind)``."""
     M, K = x.shape
     q = np.empty((M, K), np.int8)
@@ -136,7 +137,7 @@ def quantize_activations_int(x: np.ndarray, kind: int):
         quantize_q8_0_int(x, q, d, s)
     elif kind == ACT_Q8_K:
         d = np.empty((M, K // 256), np.float32)
-        s = np.empty((M, K // 16), np.int32)
+        s = np.empty((M, K // 16), np.int16)
         quantize_q8_k_int(x, q, d, s)
     else:
         raise ValueError(f"no integer form for activation kind {kind}")

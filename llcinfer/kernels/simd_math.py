@@ -220,6 +220,26 @@ vdot_u6 = _make_vdot(6)  # Q6_K
 vdot_q8 = _make_vdot(8)
 
 
+@intrinsic
+def vdot_i16(typingctx, acc, a, b, tag):
+    """acc + per lane a.lo b.lo + a.hi b.hi, each 32-bit lane read as two signed 16-bit
+    halves: vpdpwssd on VNNI, vpmaddwd + vpaddd on AVX2 (the K-quants' scale x block-sum
+    terms, two sub-blocks per instruction)."""
+    n, mode = _tag_info(tag)
+
+    def codegen(context, builder, sig, args):
+        vt = _vty(n)
+        if mode == "vnni":
+            f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
+                                               f"llvm.x86.avx512.vpdpwssd.{32 * n}")
+            return builder.call(f, list(args[:3]))
+        w16 = ir.VectorType(_I16, 2 * n)
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+        return builder.add(args[0], builder.call(f, [builder.bitcast(args[1], w16), builder.bitcast(args[2], w16)]))
+
+    return acc(acc, a, b, tag), codegen
+
+
 # ------------------------------------------------- float helpers (softmax, attention)
 def _fintrinsic(builder, name, vals):
     t = vals[0].type

@@ -9,8 +9,8 @@ term), so an output does not depend on the tile its row falls in.
 """
 
 from ..jit import kernel
-from .simd import ldf, ldi, prefetch_l1, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
-from .simd_math import vadd, vand, vcvt, vdot_u4, vdot_u6, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
+from .simd import ldf, prefetch_l1, vbcast4, vlanes, vload, vload_f16, vload_s8, vload_u8, vsplat
+from .simd_math import vadd, vand, vcvt, vdot_i16, vdot_u4, vdot_u6, vfma, vmul, vor, vshl, vshr, vsub, vzero_f, vzero_i
 from .vnni_blocks import _nib8, _w_part, _x8
 
 
@@ -27,7 +27,7 @@ K_AHEAD = 2048
 @kernel
 def _x_ahead(xr, xsr, b):
     """Prefetch into L1 the activations of 256-value block b of one row: its 256 int8
-    values (4 lines at xr) and its 16 sums (1 line at xsr).  A group of rows with
+    values (4 lines at xr) and its 16 int16 sums (half a line at xsr).  A group of rows with
     more than 32 KiB of weights (K > about 3000 for Q4_K) streams them through L1 between
     two uses of the activations, which then come back from L2 on demand: one thread read
     Q4_K 1536x8960 at 22.5 GB/s, with this one block ahead 26.2 GB/s (probe 28.0; 2 or 4
@@ -36,20 +36,27 @@ def _x_ahead(xr, xsr, b):
     read 8x fewer activation bytes per weight byte: Q8_0/Q4_0 2816x4864 unchanged.)"""
     for i in range(4):
         prefetch_l1(xr, 256 * b + 64 * i)
-    prefetch_l1(xsr, 64 * b)
+    prefetch_l1(xsr, 32 * b)
 
 
 # ---------------------------------------------------------------------------- Q4_K
 @kernel
-def _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag):
+def _pair_u8(wa, at, tag):
+    """W bytes at byte ``at`` (one per lane), each repeated in both 16-bit halves of its
+    lane: the operand that multiplies a pair of int16 sums in vdot_i16."""
+    v = vload_u8(wa, at, tag)
+    return vor(v, vshl(v, 16))
+
+
+@kernel
+def _k4_sub(wa, o, s, qs, mp, xr, xsr, b, isum, imin, tag):
     """Sub-block s (32 values) of the Q4_K block at byte o, one activation row
-    (xr: its int8 values, xsr: its sums of 16)."""
+    (xr: its int8 values, xsr: its int16 sums of 16); mp the sub-block's mins as i16 pairs.
+        isum += scale_s * dot_s      imin += min_s * (bsum_2s + bsum_2s+1)   (one vpdpwssd)"""
     W = vlanes(tag)
     ai = vdot_u4(vzero_i(tag), qs, _x8(xr, 256 * b + 32 * s, tag), tag)
     isum = vadd(isum, vmul(ai, vload_u8(wa, o + 4 * W + s * W, tag)))
-    bsum = ldi(xsr, 16 * b + 2 * s) + ldi(xsr, 16 * b + 2 * s + 1)
-    imin = vadd(imin, vmul(vload_u8(wa, o + 12 * W + s * W, tag), vsplat(bsum, tag)))
-    return isum, imin
+    return isum, vdot_i16(imin, mp, vbcast4(xsr, 2 * (16 * b + 2 * s), tag), tag)
 
 
 @kernel
@@ -65,7 +72,7 @@ def runk4_1(wa, xa, xda, xsa, K, m, tag):
     bs = 148 * W
     nb = K // 256
     xr = xa + m * K
-    xsr = xsa + 4 * m * (K // 16)
+    xsr = xsa + 2 * m * (K // 16)
     acc = vzero_f(tag)
     for b in range(nb):
         o = b * bs
@@ -75,7 +82,8 @@ def runk4_1(wa, xa, xda, xsa, K, m, tag):
         for s in range(8):
             _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
-            isum, imin = _k4_sub(wa, o, s, qs, xr, xsr, b, isum, imin, tag)
+            mp = _pair_u8(wa, o + 12 * W + s * W, tag)
+            isum, imin = _k4_sub(wa, o, s, qs, mp, xr, xsr, b, isum, imin, tag)
         acc = _k4_end(wa, o, ldf(xda, m * nb + b), isum, imin, acc, tag)
     return acc
 
@@ -88,8 +96,8 @@ def runk4_2(wa, xa, xda, xsa, K, m, tag):
     bs = 148 * W
     nb = K // 256
     x0 = xa + m * K
-    xs0 = xsa + 4 * m * (K // 16)
-    xss = 4 * (K // 16)
+    xs0 = xsa + 2 * m * (K // 16)
+    xss = 2 * (K // 16)
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
     for b in range(nb):
@@ -103,8 +111,9 @@ def runk4_2(wa, xa, xda, xsa, K, m, tag):
         for s in range(8):
             _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
-            s0, n0 = _k4_sub(wa, o, s, qs, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k4_sub(wa, o, s, qs, x0 + K, xs0 + xss, b, s1, n1, tag)
+            mp = _pair_u8(wa, o + 12 * W + s * W, tag)
+            s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k4_sub(wa, o, s, qs, mp, x0 + K, xs0 + xss, b, s1, n1, tag)
         i = m * nb + b
         a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
         a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
@@ -117,8 +126,8 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
     bs = 148 * W
     nb = K // 256
     x0 = xa + m * K
-    xs0 = xsa + 4 * m * (K // 16)
-    xss = 4 * (K // 16)
+    xs0 = xsa + 2 * m * (K // 16)
+    xss = 2 * (K // 16)
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
     a2 = vzero_f(tag)
@@ -138,10 +147,11 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
         for s in range(8):
             _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
-            s0, n0 = _k4_sub(wa, o, s, qs, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k4_sub(wa, o, s, qs, x0 + K, xs0 + xss, b, s1, n1, tag)
-            s2, n2 = _k4_sub(wa, o, s, qs, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
-            s3, n3 = _k4_sub(wa, o, s, qs, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
+            mp = _pair_u8(wa, o + 12 * W + s * W, tag)
+            s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k4_sub(wa, o, s, qs, mp, x0 + K, xs0 + xss, b, s1, n1, tag)
+            s2, n2 = _k4_sub(wa, o, s, qs, mp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
+            s3, n3 = _k4_sub(wa, o, s, qs, mp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
         i = m * nb + b
         a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
         a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
@@ -173,20 +183,32 @@ def _dec6(wp, p, tag):
 
 
 @kernel
-def _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag):
-    """Sub-blocks 2c, 2c+1 (16 values each) of the Q6_K block at byte o, one activation row."""
+def _pair_s8(wa, at, tag):
+    """The scales of sub-blocks 2c, 2c+1 (W signed bytes each, from byte ``at``) as one
+    i16 pair per lane, for vdot_i16."""
     W = vlanes(tag)
-    k0 = 256 * b + 32 * c
-    sb = 16 * b + 2 * c
-    a = _dot4(qs[0], qs[1], qs[2], qs[3], xr, k0, vsplat(-32 * ldi(xsr, sb), tag), tag)
-    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c) * W, tag)))
-    a = _dot4(qs[4], qs[5], qs[6], qs[7], xr, k0 + 16, vsplat(-32 * ldi(xsr, sb + 1), tag), tag)
-    return vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c + 1) * W, tag)))
+    return vor(vand(vload_s8(wa, at, tag), vsplat(0xFFFF, tag)), vshl(vload_s8(wa, at + W, tag), 16))
 
 
 @kernel
-def _k6_end(wa, o, dx, isum, acc, tag):
-    return vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
+def _k6_chunk(wa, o, c, qs, sp, xr, xsr, b, isum, ibias, tag):
+    """Sub-blocks 2c, 2c+1 (16 values each) of the Q6_K block at byte o, one activation row;
+    sp their scales as i16 pairs.  The weights are stored + 32:
+        isum  += scale_j * sum (q + 32) x  over j = 2c, 2c+1
+        ibias += scale_2c bsum_2c + scale_2c+1 bsum_2c+1        (one vpdpwssd)
+    and _k6_end takes 32 ibias back out."""
+    W = vlanes(tag)
+    k0 = 256 * b + 32 * c
+    a = _dot4(qs[0], qs[1], qs[2], qs[3], xr, k0, vzero_i(tag), tag)
+    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c) * W, tag)))
+    a = _dot4(qs[4], qs[5], qs[6], qs[7], xr, k0 + 16, vzero_i(tag), tag)
+    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c + 1) * W, tag)))
+    return isum, vdot_i16(ibias, sp, vbcast4(xsr, 2 * (16 * b + 2 * c), tag), tag)
+
+
+@kernel
+def _k6_end(wa, o, dx, isum, ibias, acc, tag):
+    return vfma(vcvt(vsub(isum, vshl(ibias, 5))), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
 
 
 @kernel
@@ -195,17 +217,19 @@ def runk6_1(wa, xa, xda, xsa, K, m, tag):
     bs = 210 * W
     nb = K // 256
     xr = xa + m * K
-    xsr = xsa + 4 * m * (K // 16)
+    xsr = xsa + 2 * m * (K // 16)
     acc = vzero_f(tag)
     for b in range(nb):
         o = b * bs
         _x_ahead(xr, xsr, b + 1)
         isum = vzero_i(tag)
+        ibias = vzero_i(tag)
         for c in range(8):
             _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            isum = _k6_chunk(wa, o, c, qs, xr, xsr, b, isum, tag)
-        acc = _k6_end(wa, o, ldf(xda, m * nb + b), isum, acc, tag)
+            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
+            isum, ibias = _k6_chunk(wa, o, c, qs, sp, xr, xsr, b, isum, ibias, tag)
+        acc = _k6_end(wa, o, ldf(xda, m * nb + b), isum, ibias, acc, tag)
     return acc
 
 
@@ -216,8 +240,8 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
     bs = 210 * W
     nb = K // 256
     x0 = xa + m * K
-    xs0 = xsa + 4 * m * (K // 16)
-    xss = 4 * (K // 16)
+    xs0 = xsa + 2 * m * (K // 16)
+    xss = 2 * (K // 16)
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
     for b in range(nb):
@@ -226,14 +250,17 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
         _x_ahead(x0 + K, xs0 + xss, b + 1)
         s0 = vzero_i(tag)
         s1 = vzero_i(tag)
+        n0 = vzero_i(tag)
+        n1 = vzero_i(tag)
         for c in range(8):
             _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            s0 = _k6_chunk(wa, o, c, qs, x0, xs0, b, s0, tag)
-            s1 = _k6_chunk(wa, o, c, qs, x0 + K, xs0 + xss, b, s1, tag)
+            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
+            s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
         i = m * nb + b
-        a0 = _k6_end(wa, o, ldf(xda, i), s0, a0, tag)
-        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, a1, tag)
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
     return a0, a1
 
 
@@ -243,8 +270,8 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
     bs = 210 * W
     nb = K // 256
     x0 = xa + m * K
-    xs0 = xsa + 4 * m * (K // 16)
-    xss = 4 * (K // 16)
+    xs0 = xsa + 2 * m * (K // 16)
+    xss = 2 * (K // 16)
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
     a2 = vzero_f(tag)
@@ -257,16 +284,21 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
         s1 = vzero_i(tag)
         s2 = vzero_i(tag)
         s3 = vzero_i(tag)
+        n0 = vzero_i(tag)
+        n1 = vzero_i(tag)
+        n2 = vzero_i(tag)
+        n3 = vzero_i(tag)
         for c in range(8):
             _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            s0 = _k6_chunk(wa, o, c, qs, x0, xs0, b, s0, tag)
-            s1 = _k6_chunk(wa, o, c, qs, x0 + K, xs0 + xss, b, s1, tag)
-            s2 = _k6_chunk(wa, o, c, qs, x0 + 2 * K, xs0 + 2 * xss, b, s2, tag)
-            s3 = _k6_chunk(wa, o, c, qs, x0 + 3 * K, xs0 + 3 * xss, b, s3, tag)
+            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
+            s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
+            s2, n2 = _k6_chunk(wa, o, c, qs, sp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
+            s3, n3 = _k6_chunk(wa, o, c, qs, sp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
         i = m * nb + b
-        a0 = _k6_end(wa, o, ldf(xda, i), s0, a0, tag)
-        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, a1, tag)
-        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, a2, tag)
-        a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, a3, tag)
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
+        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
+        a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
     return a0, a1, a2, a3

@@ -136,7 +136,9 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
     """acc + sum over j of the per-lane dot of 4 bytes: u8(qs[j]) x s8(xs[j]); weight bytes
     below 2**bits (bits 8: any u8).
 
-    VNNI: two interleaved vpdpbusd chains.  AVX2 has no vpdpbusd; one vpmaddubsw gives i16
+    VNNI: two interleaved vpdpbusd chains; one chain for the 6-bit type (Q6_K dots 4
+    k-groups per sub-block, and its 4-row tile has 8 chains in flight without the split:
+    the joining add cost more than the latency it hid).  AVX2 has no vpdpbusd; one vpmaddubsw gives i16
     pair sums (2 products), and vpmaddwd with ones turns i16 pairs into the i32 lane.  With
     weights < 2**bits and |x| <= 128 a pair sum is at most 2 (2**bits - 1) 128, so
         g = 32767 // (256 (2**bits - 1))    (8 for 4-bit, 4 for 5-bit, 2 for 6-bit weights)
@@ -145,8 +147,11 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
     8, Q8_0 + 128) are dotted as signed bytes by _signed_dot_ir, which returns
     sum (q - 128) x without acc: the caller's acc there is VNNI's -128 sum(x) correction."""
     if mode == "vnni":
-        z = ir.Constant(_vty(n), None)
-        chains = [acc, z]
+        if bits == 6:
+            for q, x in zip(qs, xs):
+                acc = _vpdpbusd_ir(builder, acc, q, x, n)
+            return acc
+        chains = [acc, ir.Constant(_vty(n), None)]
         for j, (q, x) in enumerate(zip(qs, xs)):
             chains[j % 2] = _vpdpbusd_ir(builder, chains[j % 2], q, x, n)
         return builder.add(chains[0], chains[1]) if len(qs) > 1 else chains[0]

@@ -3,9 +3,9 @@ each drafter, optionally llama.cpp plain and ``llama-speculative-simple``, on ch
 workloads, greedy.
 
 Workloads (``WORKLOADS``):
-  code-edit   a function from CPython's standard library (textwrap.TextWrapper._wrap_chunks)
-              with "rename this variable, return the whole function": the answer copies
-              most of the input
+  code-edit   a function from CPython's standard library (textwrap.dedent) with "rename
+              this parameter, return the whole function": the answer copies most of the
+              input (with TextWrapper._wrap_chunks SmolLM2-135M wrote new code instead)
   free-chat   an open question, nothing to copy
 
 Effective TPOT is wall time per generated token after the first (ours: GenerationStats,
@@ -34,8 +34,8 @@ from ..weights.repack_cache import wait_loaded
 from . import llama_cpp
 
 WORKLOADS = {
-    "code-edit": "Rename the variable `chunks` to `pieces` in this function. Return the whole function.\n\n"
-                 + inspect.getsource(textwrap.TextWrapper._wrap_chunks),
+    "code-edit": "Rename the parameter `text` to `source` in this function. Return the whole function.\n\n"
+                 + inspect.getsource(textwrap.dedent),
     "free-chat": "Why is the sky blue? Explain it to a curious ten-year-old, in a few paragraphs.",
 }
 SPEC_CTX = 4096  # context of every run, ours and llama.cpp's

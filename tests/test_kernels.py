@@ -294,6 +294,8 @@ def test_quantize_activations(kind):
     x = (rng.standard_normal((M, K)) * rng.uniform(1e-3, 50, (M, 1))).astype(np.float32)
     x[0, :256] = 0.0  # an all-zero block
     x[1, 5] = -1e4  # a dominant negative value (Q8_K's signed scale)
+    x[2, 10], x[2, 20] = -7e3, 7e3  # +max|x| and -max|x| in one block: the first one's sign
+    x[3, 300], x[3, 400] = 7e3, -7e3
     y = aq.quantize_activations(x, getattr(aq, "ACT_" + kind))
     assert y.shape == x.shape and y.dtype == np.float32 and np.all(np.isfinite(y))
     if kind in ("Q8_0", "Q8_K"):

@@ -154,6 +154,19 @@ def test_int_activations_equal_float_rounding(kind, B):
     np.testing.assert_array_equal(s, q.reshape(M, -1, per).astype(np.int32).sum(-1))
 
 
+def test_q8_k_scale_takes_the_sign_of_the_first_largest_value():
+    """llama.cpp's scan keeps the first index of max|x|: with -a before +a the scale is
+    -127 / -a (d > 0), with +a first -127 / a (d < 0)."""
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    x[0, 10], x[0, 20] = -50.0, 50.0
+    x[0, 300], x[0, 400] = 50.0, -50.0
+    x[1, 7] = -50.0  # one largest value only, negative; then one positive
+    x[1, 270] = 50.0
+    q, d, s = quantize_activations_int(x, ACT_Q8_K)
+    assert d[0, 0] > 0 and d[0, 1] < 0 and d[1, 0] > 0 and d[1, 1] < 0
+    assert q[0, 10] == -127 and q[0, 20] == 127 and q[0, 300] == -127 and q[0, 400] == 127
+
+
 def test_env_var_forces_path(monkeypatch):
     for name in isa_mod.supported_isas():
         monkeypatch.setenv("LLCINFER_ISA", name)

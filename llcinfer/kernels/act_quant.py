@@ -16,6 +16,8 @@ import numpy as np
 
 from ..dtypes import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K
 from ..jit import kernel
+from .simd import addr, vloadf, vtag
+from .simd_math import vhmax, vmaxf, vminf, vsub, vzero_f
 
 
 @kernel
@@ -65,17 +67,35 @@ def _half_value(h):
 # The integer form (what the SIMD dot-product kernels consume); the float form used by the
 # generic kernels and the exact-f32 comparisons is q * scale (quantize_activations).
 @kernel
+def _range(xa, n, vt):
+    """(max, min) of the n float32 at address xa (n a multiple of 16), in 8-lane vectors
+    (vt: 8 lanes on every path): LLVM leaves the scalar max / min reduction unvectorised,
+    at about 2 cycles a value."""
+    hi0 = vloadf(xa, 0, vt)
+    hi1 = vloadf(xa, 32, vt)
+    lo0, lo1 = hi0, hi1
+    for i in range(64, 4 * n, 64):
+        a = vloadf(xa, i, vt)
+        b = vloadf(xa, i + 32, vt)
+        hi0, lo0 = vmaxf(hi0, a), vminf(lo0, a)
+        hi1, lo1 = vmaxf(hi1, b), vminf(lo1, b)
+    z = vzero_f(vt)
+    return vhmax(vmaxf(hi0, hi1)), -vhmax(vsub(z, vminf(lo0, lo1)))
+
+
+@kernel
 def quantize_q8_0_int(x, q, d, s):
-    """x  # [M, K] f32, K % 32 == 0  ->  q  # [M, K] int8,  d  # [M, K/32] f32 (the f16 scale),
-    s  # [M, K/32] int32 (sum of the block's q)"""
+    """x  # [M, K] f32 C-contiguous, K % 32 == 0  ->  q  # [M, K] int8,  d  # [M, K/32] f32
+    (the f16 scale),  s  # [M, K/32] int32 (sum of the block's q)"""
     M, K = x.shape
     scratch = np.empty(1, np.float32)  # [1] to reinterpret d's bits
     scratch_bits = scratch.view(np.uint32)
+    vt = vtag(np.empty(0, np.int16))  # 8 float lanes
+    xa = addr(x)
     for m in range(M):
         for b in range(K // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[m, 32 * b + j]))
+            hi, lo = _range(xa + 4 * (m * K + 32 * b), 32, vt)
+            amax = max(hi, -lo)
             dd = amax / np.float32(127.0)
             inv = np.float32(1.0) / dd if dd != 0 else np.float32(0.0)
             scratch[0] = dd
@@ -94,16 +114,19 @@ def quantize_q8_k_int(x, q, d, s):
     s  # [M, K/16] int16 (sums of 16 q, llama.cpp's bsums: at most 16 x 127; int16 so that
     two adjacent sums load as one pair for vpdpwssd)
 
-    Loops written for the vectorizer (a max reduction, then the first index holding it,
-    as llama.cpp's strict ``>`` scan picks; then the rounding and the sums in plain loops):
+    x C-contiguous.  Max and min in vectors (_range), whose larger magnitude gives
+    the value at the first index holding max|x| as llama.cpp's strict ``>`` scan picks,
+    scanning only when +max|x| and -max|x| both occur; then the rounding and the sums in
+    plain loops for the vectorizer:
     each worker quantizes a whole FFN activation before its W_down tiles."""
     M, K = x.shape
+    vt = vtag(np.empty(0, np.int16))  # 8 float lanes
+    xa = addr(x)
     for m in range(M):
         for b in range(K // 256):
             xb = x[m, 256 * b:256 * (b + 1)]
-            amax = np.float32(0.0)
-            for j in range(256):
-                amax = max(amax, abs(xb[j]))
+            hi, lo = _range(xa + 4 * (m * K + 256 * b), 256, vt)
+            amax = max(hi, -lo)
             if amax == 0:
                 d[m, b] = 0.0
                 for j in range(256):
@@ -111,10 +134,15 @@ def quantize_q8_k_int(x, q, d, s):
                 for j in range(16):
                     s[m, 16 * b + j] = 0
                 continue
-            j = 0
-            while abs(xb[j]) != amax:
-                j += 1
-            iscale = np.float32(-127.0) / xb[j]
+            # the value at the first index holding amax: the sign of the larger of hi, -lo,
+            # unless both +amax and -amax occur (then the first of them, by a scan)
+            v = hi if hi > -lo else lo
+            if hi == -lo:
+                j = 0
+                while abs(xb[j]) != amax:
+                    j += 1
+                v = xb[j]
+            iscale = np.float32(-127.0) / v
             d[m, b] = np.float32(1.0) / iscale
             qb = q[m, 256 * b:256 * (b + 1)]
             for j in range(256):
@@ -129,6 +157,7 @@ def quantize_q8_k_int(x, q, d, s):
 def quantize_activations_int(x: np.ndarray, kind: int):
     """(q int8 [M, K], scales f32, block sums: int32 per 32 for Q8_0, int16 per 16 for Q8_K) of x # [M, K] f32 for ACT_Q8_0 / ACT_Q8_K;
     q * scale (per block) equals ``quantize_activations(x, kind)``."""
+    x = np.ascontiguousarray(x)  # the kernels read rows by address
     M, K = x.shape
     q = np.empty((M, K), np.int8)
     if kind == ACT_Q8_0:

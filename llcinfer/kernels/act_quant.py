@@ -64,13 +64,10 @@ def _half_value(h):
     return -v if h & 0x8000 else v
 
 
-# The integer form (what the SIMD dot-product kernels consume); the float form used by the
-# generic kernels and the exact-f32 comparisons is q * scale (quantize_activations).
 @kernel
 def _range(xa, n, vt):
     """(max, min) of the n float32 at address xa (n a multiple of 16), in 8-lane vectors
-    (vt: 8 lanes on every path): LLVM leaves the scalar max / min reduction unvectorised,
-    at about 2 cycles a value."""
+    (vt: 8 lanes on every path): LLVM leaves the scalar max / min reduction unvectorised."""
     hi0 = vloadf(xa, 0, vt)
     hi1 = vloadf(xa, 32, vt)
     lo0, lo1 = hi0, hi1
@@ -83,6 +80,8 @@ def _range(xa, n, vt):
     return vhmax(vmaxf(hi0, hi1)), -vhmax(vsub(z, vminf(lo0, lo1)))
 
 
+# The integer form (what the SIMD dot-product kernels consume); the float form used by the
+# generic kernels and the exact-f32 comparisons is q * scale (quantize_activations).
 @kernel
 def quantize_q8_0_int(x, q, d, s):
     """x  # [M, K] f32 C-contiguous, K % 32 == 0  ->  q  # [M, K] int8,  d  # [M, K/32] f32
@@ -155,8 +154,9 @@ def quantize_q8_k_int(x, q, d, s):
 
 
 def quantize_activations_int(x: np.ndarray, kind: int):
-    """(q int8 [M, K], scales f32, block sums: int32 per 32 for Q8_0, int16 per 16 for Q8_K) of x # [M, K] f32 for ACT_Q8_0 / ACT_Q8_K;
-    q * scale (per block) equals ``quantize_activations(x, kind)``."""
+    """(q int8 [M, K], scales f32, block sums: int32 per 32 for Q8_0, int16 per 16 for
+    Q8_K) of x  # [M, K] f32 for ACT_Q8_0 / ACT_Q8_K; q * scale (per block) equals
+    ``quantize_activations(x, kind)``."""
     x = np.ascontiguousarray(x)  # the kernels read rows by address
     M, K = x.shape
     q = np.empty((M, K), np.int8)

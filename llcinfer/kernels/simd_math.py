@@ -138,8 +138,9 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
 
     VNNI: two interleaved vpdpbusd chains; one chain for the 6-bit type (Q6_K dots 4
     k-groups per sub-block, and its 4-row tile has 8 chains in flight without the split:
-    the joining add cost more than the latency it hid).  AVX2 has no vpdpbusd; one vpmaddubsw gives i16
-    pair sums (2 products), and vpmaddwd with ones turns i16 pairs into the i32 lane.  With
+    the joining add cost more than the latency it hid).  AVX2 has no vpdpbusd; one
+    vpmaddubsw gives i16 pair sums (2 products), and vpmaddwd with ones turns i16 pairs
+    into the i32 lane.  With
     weights < 2**bits and |x| <= 128 a pair sum is at most 2 (2**bits - 1) 128, so
         g = 32767 // (256 (2**bits - 1))    (8 for 4-bit, 4 for 5-bit, 2 for 6-bit weights)
     vpmaddubsw results add up in i16 (vpaddw) without overflow before one vpmaddwd: per

@@ -16,8 +16,10 @@ import numpy as np
 
 from ..dtypes import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8_0, ACT_Q8_K
 from ..jit import kernel
-from .simd import addr, vloadf, vtag
+from .simd import addr, make_tag, vloadf, vtag
 from .simd_math import vhmax, vmaxf, vminf, vsub, vzero_f
+
+_LANES8 = make_tag("avx2")  # the 8-lane float vectors of _range, on every path (a constant to numba)
 
 
 @kernel
@@ -89,7 +91,7 @@ def quantize_q8_0_int(x, q, d, s):
     M, K = x.shape
     scratch = np.empty(1, np.float32)  # [1] to reinterpret d's bits
     scratch_bits = scratch.view(np.uint32)
-    vt = vtag(np.empty(0, np.int16))  # 8 float lanes
+    vt = vtag(_LANES8)
     xa = addr(x)
     for m in range(M):
         for b in range(K // 32):
@@ -119,7 +121,7 @@ def quantize_q8_k_int(x, q, d, s):
     plain loops for the vectorizer:
     each worker quantizes a whole FFN activation before its W_down tiles."""
     M, K = x.shape
-    vt = vtag(np.empty(0, np.int16))  # 8 float lanes
+    vt = vtag(_LANES8)
     xa = addr(x)
     for m in range(M):
         for b in range(K // 256):

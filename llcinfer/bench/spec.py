@@ -10,8 +10,13 @@ Workloads (``WORKLOADS``):
 
 Effective TPOT is wall time per generated token after the first (ours: GenerationStats,
 drafting and verification included, after an untimed short request on another prompt; llama.cpp: ``llama-completion``'s eval time per token,
-``llama-speculative-simple``'s "decoded N tokens in T s").  Repetitions alternate the
-configurations (A B C A B C); the table shows medians.
+``llama-speculative-simple``'s "decoded N tokens in T s").
+
+The host's speed drifts by up to 1.4x within minutes, so every ratio is taken within a
+repetition: each repetition runs every configuration once, in turn forwards and backwards
+(A B C, C B A, ...: a steady drift weighs on both ends alike), and "vs our plain" is the
+median over repetitions of a configuration's TPOT over our plain TPOT of the same
+repetition.  TPOT columns are medians over repetitions.
 """
 
 from __future__ import annotations
@@ -128,8 +133,9 @@ def configurations(specs: list[str], vs_llama: bool) -> list[tuple[str, str]]:
 
 def run_spec_bench(model: str, specs: list[str], workloads: list[str], n: int, threads: int, reps: int,
                    vs_llama: bool, log) -> list[dict]:
-    """Every configuration on every workload, ``reps`` alternated repetitions; one row per
-    (workload, engine, mode) with the median TPOT and its ratio to our plain decoding."""
+    """Every configuration on every workload, ``reps`` repetitions (module doc); one row per
+    (workload, engine, mode) with the median TPOT and the median of its per-repetition
+    ratios to our plain decoding."""
     configs = configurations(specs, vs_llama)
     if vs_llama:
         for tool in ("llama-completion", "llama-speculative-simple"):
@@ -149,7 +155,7 @@ def run_spec_bench(model: str, specs: list[str], workloads: list[str], n: int, t
     for wl in workloads:
         msgs = [{"role": "user", "content": WORKLOADS[wl]}]
         for rep in range(reps):
-            for engine, spec in configs:
+            for engine, spec in (configs if rep % 2 == 0 else configs[::-1]):
                 t0 = time.time()
                 if engine == "ours":
                     r = ours(model, spec, msgs, n, threads)
@@ -159,12 +165,13 @@ def run_spec_bench(model: str, specs: list[str], workloads: list[str], n: int, t
                 log(f"{wl} rep {rep} {engine} {spec}: TPOT {r['tpot_ms']:.2f} ms ({time.time() - t0:.0f} s)")
     rows = []
     for wl in workloads:
-        base = statistics.median(r["tpot_ms"] for r in results[(wl, "ours", "none")])
-        plain_text = results[(wl, "ours", "none")][-1]["text"]
+        plain = results[(wl, "ours", "none")]
+        plain_text = plain[-1]["text"]
         for engine, spec in configs:
             rs = results[(wl, engine, spec)]
             tpot = statistics.median(r["tpot_ms"] for r in rs)
-            row = {"workload": wl, "engine": engine, "spec": spec, "tpot_ms": tpot, "vs_plain": tpot / base,
+            vs_plain = statistics.median(r["tpot_ms"] / p["tpot_ms"] for r, p in zip(rs, plain))  # within each repetition
+            row = {"workload": wl, "engine": engine, "spec": spec, "tpot_ms": tpot, "vs_plain": vs_plain,
                    "runs": [{k: v for k, v in r.items() if k != "text"} for r in rs]}
             if engine == "ours" and spec != "none":
                 row["same_as_plain"] = all(r["text"] == plain_text for r in rs)
@@ -173,7 +180,8 @@ def run_spec_bench(model: str, specs: list[str], workloads: list[str], n: int, t
 
 
 def markdown(rows: list[dict], model: str, threads: int, n: int) -> str:
-    lines = [f"{model}, {threads} threads, {n} tokens greedy, effective TPOT (medians)", "",
+    lines = [f"{model}, {threads} threads, {n} tokens greedy, effective TPOT (medians; 'vs our plain': the "
+             "median of the ratios within each repetition)", "",
              "| workload | engine | speculation | TPOT ms | vs our plain | notes |", "|---|---|---|---|---|---|"]
     for r in rows:
         last, note = r["runs"][-1], ""

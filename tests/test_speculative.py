@@ -371,6 +371,18 @@ def test_super_tree_budget_ranks_across_sequences_and_keeps_ancestors():
         assert np.all(t.parents < np.arange(len(t)))
 
 
+def test_drafts_pay_against_a_plain_step_of_as_many_rows():
+    """With n sequences decoding, plain decoding makes n tokens in a step of n rows, not in
+    the one-row step: 4 chains of 0.9 / 0.8 pay for their 8 rows (10.8 expected tokens in
+    32 ms against 4 in 15 ms), where against 4 tokens in the 10 ms one-row step none would."""
+    sp = Speculator(NgramDrafter())
+    cost = VerifyCost.fit([1, 2, 4, 8, 16], [0.010, 0.011, 0.015, 0.024, 0.040], decode_s=0.010)
+    kept = sp._pays([DraftTree.chain([1, 2], [0.9, 0.8]) for _ in range(4)], cost)
+    assert [len(t) for t in kept] == [2, 2, 2, 2]
+    (alone,) = sp._pays([DraftTree.chain([1], [0.05])], cost)  # 1.05 tokens in 11 ms: slower than plain
+    assert len(alone) == 0
+
+
 def test_gates_calibrate_on_separating_depths():
     g = Gates(warmup_steps=4)
     rng = np.random.default_rng(0)

@@ -383,6 +383,38 @@ def test_drafts_pay_against_a_plain_step_of_as_many_rows():
     assert len(alone) == 0
 
 
+def test_no_drafting_where_even_perfect_drafts_would_not_pay():
+    """Rows compute-bound past 4 (2.2-2.6 ms per row): one sequence gains from drafts, eight do
+    not even if every draft were accepted, and with a drafter whose step costs 3 ms
+    four do not either; there the speculator neither drafts nor prefills the drafter."""
+    class Stub(NgramDrafter):
+        step_s = 0.0
+        calls = 0
+
+        def propose(self, *a):
+            Stub.calls += 1
+            return super().propose(*a)
+
+        def prefill(self, requests):
+            Stub.calls += 1
+
+    drafter = Stub()
+    sp = Speculator(drafter)
+    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010, 0.0105, 0.011, 0.020, 0.041, 0.083, 0.167],
+                             decode_s=0.010)
+    assert sp.can_pay(1) and sp.can_pay(4) and not sp.can_pay(8)
+    assert sp.cost.max_paying_sequences() == 7 and sp.cost.max_paying_sequences(0.003) == 3  # `llcinfer plan` shows it
+    drafter.step_s = 0.003
+    sp._can_pay = (None, {})
+    assert sp.can_pay(1) and not sp.can_pay(4)
+    reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
+                            stats=SimpleNamespace(n_generated=2)) for i in range(4)]
+    batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs], n_tokens=4)
+    sp.extend(batch, 64, 64)
+    sp.prefilled(SimpleNamespace(chunks=[SimpleNamespace(start=0, tokens=[1, 2], request=reqs[0], tree=None)]), 4)
+    assert Stub.calls == 0 and sp.stats.plain_steps == 1 and all(c.tree is None for c in batch.chunks)
+
+
 def test_gates_calibrate_on_separating_depths():
     g = Gates(warmup_steps=4)
     rng = np.random.default_rng(0)

@@ -76,6 +76,7 @@ class Speculator:
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
         self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
         self._cost_now: tuple | None = None  # (cost it came from, decode_s it used, VerifyCost)
+        self._can_pay: tuple = (None, {})  # (the cost it was judged on, {sequences decoding: can_pay})
 
     # ------------------------------------------------------------------ start-up
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
@@ -135,6 +136,9 @@ class Speculator:
                     if len(c.tokens) == 1 and c.start >= c.request.n_prompt and c.start == len(c.request.tokens) - 1]
         if not decoding or self.cost is None:
             return
+        if not self.can_pay(len(decoding)):
+            self.stats.plain_steps += 1
+            return
         if self.pacer.paused():
             self.stats.plain_steps += 1
             return
@@ -184,6 +188,19 @@ class Speculator:
                 continue
             c.tokens, c.tree = tokens, tree
 
+    def can_pay(self, n: int) -> bool:
+        """``VerifyCost.can_pay`` for n sequences with this drafter's draft step (``step_s``
+        of a draft model, 0 for lookups), on the current cost.  Where it is False (Qwen-1.5B
+        with Qwen-0.5B drafting, 8 sequences on 2 cores) drafting and the drafter's prefill
+        of the prompts are skipped."""
+        cost = self.current_cost()
+        if self._can_pay[0] is not cost:
+            self._can_pay = (cost, {})
+        known = self._can_pay[1]
+        if n not in known:
+            known[n] = cost.can_pay(n, getattr(self.drafter, "step_s", 0.0), _MAX_NODES_PER_SEQ)
+        return known[n]
+
     def _pays(self, trees: list[DraftTree], cost: VerifyCost) -> list[DraftTree]:
         """Keep the number r of the best nodes (by confidence, across the trees) that
         maximises the step's expected tokens per second, (n + sum of their confidences) /
@@ -192,7 +209,7 @@ class Speculator:
         of SmolLM2, whose 4-row step takes 1.5 times its 1-row step, never verified a draft.)"""
         n = len(trees)
         cand = sorted(((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t))))
-        best_r, best = 0, n / (cost.decode_s * cost.seconds(n) / cost.seconds(1))
+        best_r, best = 0, n / cost.plain_s(n)
         expected = float(n)
         for r, (neg_conf, _, _) in enumerate(cand, 1):
             expected -= neg_conf
@@ -218,11 +235,12 @@ class Speculator:
                 step = seconds - (self._draft_step_s if drafted else 0.0)
                 self._decode_s = step if self._decode_s is None else (1 - DECODE_EMA) * self._decode_s + DECODE_EMA * step
 
-    def prefilled(self, batch) -> None:
+    def prefilled(self, batch, n_running: int) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,
         so its prompt is prefilled with the target's (before the first token), not at the
-        request's first proposal."""
-        if not hasattr(self.drafter, "prefill"):
+        request's first proposal; not while the ``n_running`` requests could not pay for
+        drafting (``can_pay``: a proposal catches the prompt up if they ever can)."""
+        if not hasattr(self.drafter, "prefill") or self.cost is None or not self.can_pay(n_running):
             return
         chunks = [c for c in batch.chunks if c.tree is None and c.start < c.request.n_prompt]
         if chunks:

@@ -53,6 +53,24 @@ class VerifyCost:
             return float(self.curve_s[-1] + self.slope_s * (rows - self.curve_rows[-1]))
         return self.base_s + self.slope_s * max(0, rows - self.k_max)
 
+    def plain_s(self, n: int) -> float:
+        """A plain decode step of n sequences: the decode step scaled as the curve grows
+        from 1 to n rows."""
+        return self.decode_s * self.seconds(n) / self.seconds(1)
+
+    def can_pay(self, n: int, draft_step_s: float = 0.0, max_rows: int = 64) -> bool:
+        """Whether n sequences decoding could go faster speculating if every draft were
+        accepted: some r <= max_rows rows beyond the n roots, drafted in ceil(r / n) draft
+        steps of n rows (``draft_step_s`` one sequence's, scaled as this curve; 0 for
+        lookups), give more tokens per second than plain steps of n rows."""
+        step = draft_step_s * self.seconds(n) / self.seconds(1)
+        plain = n / self.plain_s(n)
+        return any((n + r) / (self.seconds(n + r) + -(-r // n) * step) > plain for r in range(1, max_rows + 1))
+
+    def max_paying_sequences(self, draft_step_s: float = 0.0, most: int = 64) -> int:
+        """The largest n <= most at which ``can_pay``; 0 when none."""
+        return max((n for n in range(1, most + 1) if self.can_pay(n, draft_step_s)), default=0)
+
     @property
     def break_even(self) -> float:
         """Acceptance probability a row past the knee must beat to pay for itself."""
@@ -106,4 +124,5 @@ def explain_verify(cost: VerifyCost) -> str:
     """One line for ``llcinfer plan``."""
     return (f"speculative verification (one executor step of drafted chains): K_max = {cost.k_max} rows per step "
             f"at {cost.base_s * 1e3:.1f} ms, then +{cost.slope_s * 1e3:.2f} ms per row; plain decode step "
-            f"{cost.decode_s * 1e3:.1f} ms, break-even acceptance past the knee {cost.break_even:.2f}")
+            f"{cost.decode_s * 1e3:.1f} ms, break-even acceptance past the knee {cost.break_even:.2f}; "
+            f"lookup drafts can pay up to {cost.max_paying_sequences()} sequences decoding")

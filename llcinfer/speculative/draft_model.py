@@ -50,6 +50,7 @@ class DraftModelDrafter:
         self.model = model  # a Transformer: forward_chunks, new_pool
         self.depth = depth
         self.min_conf = _MIN_CONF  # path confidence below which drafting one more token costs more than it gains
+        self.step_s = 0.0  # seconds of one draft step of one sequence, once priced
         self.n_ctx = n_ctx
         self.pool, self.prefix = model.new_pool(n_ctx, n_seq, None, prefix_sharing=False)
         self._seqs: dict[object, object] = {}  # request key -> its PagedSequence in the draft pool
@@ -68,6 +69,7 @@ class DraftModelDrafter:
         step (the target's decode step scaled by the weight bytes each streams) and its
         verification row: min_conf = (draft step + slope) / target decode step."""
         draft_s = decode_s * self.model.weights.nbytes / max(target_bytes, 1)
+        self.step_s = draft_s  # one draft step of one sequence (Speculator.can_pay)
         self.min_conf = float(min(0.9, max(_MIN_CONF, (draft_s + slope_s) / max(decode_s, 1e-9))))
 
     def _step(self, chunks: list) -> np.ndarray:

@@ -190,9 +190,8 @@ class Speculator:
 
     def can_pay(self, n: int) -> bool:
         """``VerifyCost.can_pay`` for n sequences with this drafter's draft step (``step_s``
-        of a draft model, 0 for lookups), on the current cost.  Where it is False (Qwen-1.5B
-        with Qwen-0.5B drafting, 8 sequences on 2 cores) drafting and the drafter's prefill
-        of the prompts are skipped."""
+        of a draft model, 0 for lookups), on the current cost.  Where it is False, drafting
+        and the drafter's prefill of the prompts are skipped."""
         cost = self.current_cost()
         if self._can_pay[0] is not cost:
             self._can_pay = (cost, {})
@@ -205,8 +204,7 @@ class Speculator:
         """Keep the number r of the best nodes (by confidence, across the trees) that
         maximises the step's expected tokens per second, (n + sum of their confidences) /
         t(n + r); no node at all when even that falls below plain decoding's: n tokens in
-        a plain step of n rows, t_decode t(n) / t(1).  (Against n / t_decode, 4 sequences
-        of SmolLM2, whose 4-row step takes 1.5 times its 1-row step, never verified a draft.)"""
+        a plain step of n rows (``VerifyCost.plain_s``), not in the one-row step."""
         n = len(trees)
         cand = sorted(((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t))))
         best_r, best = 0, n / cost.plain_s(n)

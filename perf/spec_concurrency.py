@@ -26,12 +26,14 @@ import importlib
 import inspect
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from llcinfer import LLM
-from llcinfer.bench.spec import WARM_UP
+from llcinfer.bench.spec import WARM_UP, parse_specs
 from llcinfer.engine.sampling import SamplingParams
+from llcinfer.errors import LLCInferError, UsageError
 from llcinfer.weights.repack_cache import wait_loaded
 
 
@@ -97,9 +99,26 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="tokens per verification (default: measured knee)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    configs = [("none", "super-tree"), (a.spec, "super-tree"), (a.spec, "per-sequence")]
+    try:
+        specs = parse_specs(a.spec)
+        spec = specs[0] if len(specs) == 1 else None
+        levels = [int(x) for x in a.concurrency.split(",") if x.strip().isdigit() and int(x) > 0]
+        if spec is None or len(levels) != len(a.concurrency.split(",")):
+            raise UsageError(f"--spec takes one mode and --concurrency positive integers (got {a.spec!r}, "
+                             f"{a.concurrency!r})")
+        configs = [("none", "super-tree"), (spec, "super-tree"), (spec, "per-sequence")]
+        rows = measure(a, levels, configs)
+    except LLCInferError as exc:
+        sys.exit(f"error: {exc}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"model": a.model, "threads": a.threads, "n": a.n, "rows": rows}, indent=1))
+
+
+def measure(a, levels: list[int], configs: list[tuple[str, str]]) -> list[dict]:
+    """Every configuration at every concurrency in ``levels`` (``a``: the parsed
+    arguments), printed as it goes; the rows of the JSON."""
     rows = []
-    for c in (int(x) for x in a.concurrency.split(",")):
+    for c in levels:
         res = {}
         for rep in range(a.repetitions):
             for spec, policy in (configs if rep % 2 == 0 else configs[::-1]):
@@ -120,8 +139,7 @@ def main() -> None:
             print(f"C={c} {label:40s} {tps:7.1f} tok/s  {vs_plain:5.2f}x plain  {extra}", flush=True)
             rows.append({"concurrency": c, "spec": spec, "policy": policy, "tokens_per_s": tps,
                          "vs_plain": vs_plain, **{k: v for k, v in r.items() if k not in ("outputs",)}})
-    if a.json:
-        Path(a.json).write_text(json.dumps({"model": a.model, "threads": a.threads, "n": a.n, "rows": rows}, indent=1))
+    return rows
 
 
 if __name__ == "__main__":

@@ -388,7 +388,6 @@ def test_no_drafting_where_even_perfect_drafts_would_not_pay():
     not even if every draft were accepted, and with a drafter whose step costs 3 ms
     four do not either; there the speculator neither drafts nor prefills the drafter."""
     class Stub(NgramDrafter):
-        step_s = 0.0
         calls = 0
 
         def propose(self, *a):
@@ -398,14 +397,15 @@ def test_no_drafting_where_even_perfect_drafts_would_not_pay():
         def prefill(self, requests):
             Stub.calls += 1
 
+    cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010, 0.0105, 0.011, 0.020, 0.041, 0.083, 0.167], decode_s=0.010)
+    lookup = Speculator(NgramDrafter())
+    lookup.cost = cost
+    assert lookup.can_pay(1) and lookup.can_pay(4) and not lookup.can_pay(8)
+    assert cost.max_paying_sequences() == 7 and cost.max_paying_sequences(0.003) == 3  # `llcinfer plan` shows it
     drafter = Stub()
-    sp = Speculator(drafter)
-    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010, 0.0105, 0.011, 0.020, 0.041, 0.083, 0.167],
-                             decode_s=0.010)
-    assert sp.can_pay(1) and sp.can_pay(4) and not sp.can_pay(8)
-    assert sp.cost.max_paying_sequences() == 7 and sp.cost.max_paying_sequences(0.003) == 3  # `llcinfer plan` shows it
     drafter.step_s = 0.003
-    sp._can_pay = (None, {})
+    sp = Speculator(drafter)
+    sp.cost = cost
     assert sp.can_pay(1) and not sp.can_pay(4)
     reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
                             stats=SimpleNamespace(n_generated=2)) for i in range(4)]

@@ -53,17 +53,20 @@ class VerifyCost:
             return float(self.curve_s[-1] + self.slope_s * (rows - self.curve_rows[-1]))
         return self.base_s + self.slope_s * max(0, rows - self.k_max)
 
+    def growth(self, n: int) -> float:
+        """t(n) / t(1): how much longer a step of n rows takes than a step of one."""
+        return self.seconds(n) / self.seconds(1)
+
     def plain_s(self, n: int) -> float:
-        """A plain decode step of n sequences: the decode step scaled as the curve grows
-        from 1 to n rows."""
-        return self.decode_s * self.seconds(n) / self.seconds(1)
+        """A plain decode step of n sequences: the decode step scaled by ``growth(n)``."""
+        return self.decode_s * self.growth(n)
 
     def can_pay(self, n: int, draft_step_s: float = 0.0, max_rows: int = 64) -> bool:
         """Whether n sequences decoding could go faster speculating if every draft were
         accepted: some r <= max_rows rows beyond the n roots, drafted in ceil(r / n) draft
         steps of n rows (``draft_step_s`` one sequence's, scaled as this curve; 0 for
         lookups), give more tokens per second than plain steps of n rows."""
-        step = draft_step_s * self.seconds(n) / self.seconds(1)
+        step = draft_step_s * self.growth(n)
         plain = n / self.plain_s(n)
         return any((n + r) / (self.seconds(n + r) + -(-r // n) * step) > plain for r in range(1, max_rows + 1))
 

@@ -5,6 +5,7 @@
     python perf/ab_trees.py --old HEAD qwen2.5-coder-0.5b --pp -n 512 -r 6
     python perf/ab_trees.py --old HEAD smollm2-135m --api -n 64    # LLM.generate's own TPOT
     python perf/ab_trees.py --old HEAD qwen2.5-coder-1.5b --verify 8 -n 1  # a speculative verification step
+    python perf/ab_trees.py --old HEAD smollm2-135m --verify 8 -n 1 --depth 512  # ... after 512 tokens
 
 This host's speed drifts by up to 1.5x within minutes (other tenants), so two processes
 run one after the other can differ by more than a kernel change does.  Here both trees are
@@ -88,18 +89,21 @@ class ApiBench:
 
 
 class VerifyBench(ApiBench):
-    """One speculative verification step of ``rows`` rows (a drafted chain after a 64-token
-    prefix, every row's logits) as the step loop runs it: engine/speculation.py
-    ``verification_seconds`` of the tree's package, one step per call."""
-
-    NO_DEPTH = "--verify runs after a 64-token prefix (--depth 0)"
+    """One speculative verification step of ``rows`` rows (a drafted chain after a prefix
+    of --depth tokens, 64 at depth 0; every row's logits) as the step loop runs it:
+    engine/speculation.py ``verification_seconds`` of the tree's package, one step per call."""
 
     def __init__(self, package, model: str, threads: int, n_ctx: int, rows: int):
         super().__init__(package, model, threads, n_ctx + 128)
         self.verification_seconds = importlib.import_module(f"{package}.engine.speculation").verification_seconds
         self.rows = rows
+        self.seq = None
+
+    def set_depth(self, depth: int, mode: str = "auto") -> None:
+        if self.seq is not None:
+            self.seq.free()
         self.seq = self.llm.engine.new_sequence("verify")
-        self.llm.model.forward_chunks([(self.seq, list(range(1, 65)))])
+        self.llm.model.forward_chunks([(self.seq, list(range(1, max(depth, 64) + 1)))])
 
     def tg(self, n: int) -> float:
         """Seconds of n verification steps (each the median of 1)."""

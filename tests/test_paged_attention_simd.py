@@ -218,3 +218,35 @@ def test_lane_logic_of_both_widths(width_isa, H, KVH, D, bs):
         for splits in (1, 3):
             out = _run(pa.paged_attention_serial, case, 1, q, n_past, scale, splits, make_tag(width_isa))
             case.check(out, q, 1, n_past, scale)
+
+
+@pytest.mark.parametrize("isa", [ISAS[0], "generic"])
+@pytest.mark.parametrize("H,KVH,D", GQA)
+def test_rows_of_one_sequence_in_one_task_give_each_rows_own_bits(isa, H, KVH, D):
+    """``row_part`` over n_rows consecutive rows (one stream of K/V) writes, for each row,
+    the bits that row gets alone, in every split, and what the merge makes of them
+    matches the oracle."""
+    case = Case(H, KVH, D, 300, seed=5)
+    tag = _tag(isa)
+    n_keys, R = 290, 7  # rows at 290 .. 296 keys: all in block 18
+    q = case.query(R + 2)
+    scale = np.float32(0.125)
+    S = pa.split_count(n_keys, case.bs, KVH, 2)
+    assert S > 1
+    G = H // KVH
+    n_slots = (2 + R) * KVH * S
+    together = [np.full((n_slots, G), np.nan, np.float32), np.full((n_slots, G), np.nan, np.float32),
+                np.full((n_slots, G, D), np.nan, np.float32)]  # pmax, psum, pacc
+    alone = [a.copy() for a in together]
+    for j in range(KVH):
+        for s in range(S):
+            pa.row_part(q, 1, j, s, S, *case.args(1), n_keys, scale, 2, *together, tag, R)
+            for r in range(R):
+                pa.row_part(q, 1 + r, j, s, S, *case.args(1), n_keys + r, scale, 2, *alone, tag)
+    for a, b in zip(together, alone):
+        assert np.array_equal(a, b, equal_nan=True)
+    out = np.zeros_like(q)
+    for r in range(R):
+        for j in range(KVH):
+            pa.merge_partials(*together, 1 + r, j, S, KVH, out)
+        case.check(out[1 + r:2 + r], q[1 + r:2 + r], 1, n_keys - 1 + r, scale)

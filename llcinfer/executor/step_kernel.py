@@ -18,7 +18,9 @@ Per layer, with G = H / KVH query heads per KV head:
              keys (gather_selection)                                  -> sel_done[m]
     ATTN     tile (m, j, s) waits rope_done[j] (sel_done[m]); row m's part s over its
              own table or its gathered one (F_SEL) (row_part; S = 1:
-             merged at once into attn)                                   -> attn_done
+             merged at once into attn); over its own table, the rows of a
+             drafted chain in one key block go with the first one's tile
+             (attention_rows), one stream of K/V for all       -> attn_done
              (S > 1: partial results)                                    -> parts_done
     MERGE    (S > 1) waits parts_done == M*KVH*S; tile (m, j)            -> attn_done
     WO       waits attn_done == M*KVH; x[:, rows] += attn Wo[rows].T     -> wo_done
@@ -217,11 +219,14 @@ def run_worker(wid, ops, order, counters, mats, tag, x, hpriv, qpriv, dpriv, spr
                         sp_counts[wid, layer, COUNT_ROWS] += 1
                         sp_counts[wid, layer, COUNT_ATTENDED] += n_att
                         sp_counts[wid, layer, COUNT_TOTAL] += n_keys
-                row_part(qb.reshape((qb.shape[0], H, D)), m, j, t % S, S, pool, pool_f32, lut, kv_kind, kv_group,
-                         kv_scale_off, table, layer, KVH, bs, n_att, scale, split_threads, pmax, psum,
-                         pacc, tag)  # this row's own parts: the same bits whatever rows run beside it
-                if S == 1:
-                    merge_partials(pmax, psum, pacc, m, j, 1, KVH, attn)
+                n_rows = 1 if sel != SEL_OWN else attention_rows(pos, seq, m, m0, m1, bs)
+                if n_rows > 0:  # 0: an earlier row of the sequence took this one along
+                    row_part(qb.reshape((qb.shape[0], H, D)), m, j, t % S, S, pool, pool_f32, lut, kv_kind, kv_group,
+                             kv_scale_off, table, layer, KVH, bs, n_att, scale, split_threads, pmax, psum,
+                             pacc, tag, n_rows)  # each row's own parts: the same bits whatever rows run beside it
+                    if S == 1:
+                        for r in range(n_rows):
+                            merge_partials(pmax, psum, pacc, m + r, j, 1, KVH, attn)
                 signal(counters, ops[o, F_DONE])
             elif kind == MERGE:
                 S = ops[o, F_TILE]
@@ -333,3 +338,24 @@ def step_prologue_rows(w, ids, qtype, lut, x, pos, inv_freq, rope_cs, counters):
     (ids checked by the caller)."""
     quant_get_rows(w, ids, qtype, lut, x)
     step_prologue(pos, inv_freq, rope_cs, counters)
+
+
+ATTENTION_ROWS = 8  # most rows of one sequence an ATTN tile takes along over one stream of K/V
+
+
+@kernel
+def attention_rows(pos, seq, m, m0, m1, bs):
+    """Rows of [m0, m1) whose attention row m's tile computes: rows of one sequence at
+    consecutive positions ending in the same key block go together, ATTENTION_ROWS at a
+    time from the first of the run; 0 when row m is not the first of its group."""
+    first = m  # the run's first row
+    while (first > m0 and seq[first - 1] == seq[m] and pos[first - 1] == pos[first] - 1
+           and pos[first - 1] // bs == pos[m] // bs):
+        first -= 1
+    if (m - first) % ATTENTION_ROWS != 0:
+        return 0
+    n = 1
+    while (n < ATTENTION_ROWS and m + n < m1 and seq[m + n] == seq[m] and pos[m + n] == pos[m] + n
+           and pos[m + n] // bs == pos[m] // bs):
+        n += 1
+    return n

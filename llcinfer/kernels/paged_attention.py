@@ -150,20 +150,32 @@ def _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, 
 
 @kernel
 def _task(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
-          n_splits, task, pmax, psum, pacc, tag=None):
-    """Partial attention of one (m, kv head, split): pmax/psum [G], pacc [G, D] of this task.
+          n_splits, task, pmax, psum, pacc, tag=None, n_rows=1, row_step=0):
+    """Partial attention of one (m, kv head, split): pmax/psum [G], pacc [G, D] of this task;
+    with n_rows > 1, the same for rows m .. m + n_rows - 1 (row m + r one position further
+    each, results in slot task + r row_step; rows with the same key-block count).
 
-    ``tag`` (simd.make_tag; last and optional): the explicit-SIMD path of that width for
-    f32 / f16 storage when D and bs are multiples of its lanes; None (the 'generic' ISA), int8
-    storage or another D: the scalar loops."""
+    ``tag`` (simd.make_tag; optional): the explicit-SIMD path of that width for f32 / f16
+    storage when D and bs are multiples of its lanes, every row over one stream of K/V;
+    None (the 'generic' ISA), int8 storage or another D: the scalar loops, row by row."""
     if tag is None:
-        _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
-                     n_splits, task, pmax, psum, pacc)
+        _rows_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
+                     n_splits, task, pmax, psum, pacc, n_rows, row_step)
     elif kind != KV_INT8 and q.shape[2] % vlanes(tag) == 0 and bs % vlanes(tag) == 0:
-        _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vtag(tag))
+        _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vtag(tag),
+                   n_rows, row_step)
     else:
-        _task_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
-                     n_splits, task, pmax, psum, pacc)
+        _rows_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
+                     n_splits, task, pmax, psum, pacc, n_rows, row_step)
+
+
+@kernel
+def _rows_scalar(q, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past, scale,
+                 n_splits, task, pmax, psum, pacc, n_rows, row_step):
+    """``_task_scalar`` for each of n_rows rows in turn (see ``_task``)."""
+    for r in range(n_rows):
+        _task_scalar(q[r:], pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_past + r, scale,
+                     n_splits, task, pmax[r * row_step:], psum[r * row_step:], pacc[r * row_step:])
 
 
 @kernel
@@ -226,18 +238,24 @@ def split_count(n_keys, bs, KVH, threads):
 
 @kernel
 def row_part(q, m, j, s, S, pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_keys, scale,
-             threads, pmax, psum, pacc, tag):
+             threads, pmax, psum, pacc, tag, n_rows=1):
     """Part s of query row m's attention over its ``n_keys`` keys for kv group j, into slot
     (m KVH + j) S + s of the partials.  The row takes split_count(n_keys, ...) <= S parts;
-    the slots past them get empty parts (merge_partials adds nothing for them)."""
+    the slots past them get empty parts (merge_partials adds nothing for them).
+
+    n_rows > 1: the same for rows m .. m + n_rows - 1 of one sequence at consecutive
+    positions (n_keys + r keys) in as many key blocks as row m, over one stream of K/V;
+    each row's bits are those it gets alone."""
     sm = split_count(n_keys, bs, KVH, threads)
     slot = (m * KVH + j) * S + s
+    step = KVH * S  # slots from one row to the next
     if s >= sm:
-        empty_partial(pmax, psum, pacc, slot)
+        for r in range(n_rows):
+            empty_partial(pmax, psum, pacc, slot + r * step)
         return
     base = slot - (j * sm + s)  # _task writes its task j sm + s at base + j sm + s
-    _task(q[m:m + 1], pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_keys - 1, scale, sm,
-          j * sm + s, pmax[base:], psum[base:], pacc[base:], tag)
+    _task(q[m:m + n_rows], pool, pool_f32, lut, kind, group, scale_off0, table, layer, KVH, bs, n_keys - 1, scale,
+          sm, j * sm + s, pmax[base:], psum[base:], pacc[base:], tag, n_rows, step)
 
 
 @parallel_kernel

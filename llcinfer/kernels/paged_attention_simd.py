@@ -242,15 +242,20 @@ def _pass_width(left, most):
 
 
 @kernel
-def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vt):
-    """``_task`` on explicit vectors for f32 / f16 storage (D a multiple of W).
+def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vt, n_rows=1,
+               row_step=0):
+    """``_task`` on explicit vectors for f32 / f16 storage (D a multiple of W), for query
+    rows m .. m + n_rows - 1 (row m + r at position n_past + m + r, its results in slot
+    task + r row_step; every row with the same key-block count, so the same split).
 
-    Per key block: scores for chunks of 2 W keys (lanes = keys, ``_qk_t`` on the transposed
-    K, each broadcast query value serving two key vectors), the online softmax on those
-    vectors (vector exp), then ``_pv``.  K and V are read straight from the pool and
-    widened in registers; V rows go in passes of PV_COLS (4 or 3, then 2, 1) vectors,
-    the G heads in groups of up to 4; the block _PREFETCH ahead is prefetched
-    along (K^T in the first QK pass, V in the P V calls).
+    Per key block, for each row in turn: scores for chunks of 2 W keys (lanes = keys,
+    ``_qk_t`` on the transposed K, each broadcast query value serving two key vectors),
+    the online softmax on those vectors (vector exp), then ``_pv``.  The rows after the
+    first read the block from L1: one stream of K/V for all of them, and each row's
+    arithmetic is what it is alone (the same bits for any n_rows).  K and V are read
+    straight from the pool and widened in registers; V rows go in passes of PV_COLS (4
+    or 3, then 2, 1) vectors, the G heads in groups of up to 4; the block _PREFETCH ahead
+    is prefetched along (K^T in the first QK pass, V in the P V calls).
     Needs bs a multiple of W and D a multiple of W (``_task`` checks).
 
     The softmax exponentiates with the running max before this block's max is known and
@@ -258,26 +263,28 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     M, H, D = q.shape
     G = H // KVH
     W = vlanes(vt)
+    R = n_rows
     s_idx = task % n_splits
     mk = task // n_splits
     m = mk // KVH
     kvh = mk % KVH
     h0 = kvh * G
-    t_end = n_past + m + 1
+    t_end = n_past + m + 1  # the first row's keys; row r sees t_end + r
     nb = (t_end + bs - 1) // bs
     b0 = s_idx * nb // n_splits
     b1 = (s_idx + 1) * nb // n_splits
     nv = D // W  # vectors per row
     SW = (bs + W - 1) // W * W  # scores row length: whole vectors
-    qs = np.empty((G, D), np.float32)  # [G, D] the group's query rows times scale
-    for g in range(G):
-        for d in range(D):
-            qs[g, d] = q[m, h0 + g, d] * scale
-    sbuf = np.empty((G, SW), np.float32)  # [G, key] scores, then probabilities, of one block
-    acc = np.zeros((G, D), np.float32)  # [G, D]
-    corr = np.empty(G, np.float32)  # [G] rescale of acc for the current block
-    rmax = np.full(G, _NEG, np.float32)
-    rsv = np.zeros((G, W), np.float32)  # [G, lane] running sums of probabilities
+    qs = np.empty((R, G, D), np.float32)  # [row, G, D] the group's query rows times scale
+    for r in range(R):
+        for g in range(G):
+            for d in range(D):
+                qs[r, g, d] = q[m + r, h0 + g, d] * scale
+    sbuf = np.empty((R, G, SW), np.float32)  # [row, G, key] scores, then probabilities, of one block
+    acc = np.zeros((R, G, D), np.float32)  # [row, G, D]
+    corr = np.empty((R, G), np.float32)  # [row, G] rescale of acc for the current block
+    rmax = np.full((R, G), _NEG, np.float32)  # [row, G]
+    rsv = np.zeros((R, G, W), np.float32)  # [row, G, lane] running sums of probabilities
     # P V: heads in groups of at most 4, each V vector widened once per group.  Measured
     # (in-cache, zmm): SmolLM2's 3 heads at once 1.1x faster than 2 + 1; Qwen2.5-0.5B's
     # 4 + 3 as fast as 2 + 2 + 2 + 1, and all 7 at once 0.6-0.8x (spills).  On AVX2 (16
@@ -293,7 +300,7 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     blk_b = 2 * kv_b  # head-major pool (kv_index): block b of (layer, head) is blk_b bytes after b - 1
     kv0 = addr(pool) + (layer * KVH + kvh) * pool.shape[0] * blk_b  # this (layer, head)'s K in block 0
     v_off = kv_b  # V rows follow the block's K^T
-    qa, sa, aa, ca, rsa = addr(qs), addr(sbuf), addr(acc), addr(corr), addr(rsv)
+    q0, s0a, a0, c0a, rs0 = addr(qs), addr(sbuf), addr(acc), addr(corr), addr(rsv)
     n_pv = 0  # P V calls per block
     c0 = 0
     while c0 < nv:
@@ -304,62 +311,65 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     pf_every = max(1, n_pv // v_lines)  # V of the block ahead: spread over the P V calls
     for b in range(b0, b1):
         kb = kv0 + np.int64(table[b]) * blk_b
-        n_valid = min(bs, t_end - b * bs)
         # K and V of the block _PREFETCH ahead, towards L2: K^T along the first QK pass, V along P V
         nxt = kv0 + np.int64(table[b + _PREFETCH]) * blk_b if b + _PREFETCH < b1 else 0
-        for gi in range(n_qk):
-            g0 = gi * G // n_qk
-            gn = (gi + 1) * G // n_qk - g0
-            pf_k = nxt if gi == 0 else 0  # the K^T of the block ahead along the first pass
-            for ch in range(0, n_valid, 2 * W):  # two key vectors per pass over K^T
-                _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, n_valid - ch, D, sa + (g0 * SW + ch) * 4, SW,
-                      gn, 2 if n_valid - ch > W else 1, pf_k if ch == 0 else 0, vt, pool)
-        for g in range(G):
-            so = sa + g * SW * 4
-            ra = rsa + g * W * 4
-            ref = vsplat(rmax[g], vt)
-            rs = vloadf(ra, 0, vt)
-            s0 = vloadf(so, 0, vt)
-            mx = s0
-            for ch in range(W, n_valid, W):
-                mx = vmaxf(mx, vloadf(so, ch * 4, vt))
-            bm = vhmax(mx)
-            p = vexp(vsub(s0, ref))  # with the old reference max: not waiting for bm
-            if bm > rmax[g]:  # a new reference max: rescale (rare after the first blocks)
-                c = np.float32(np.exp(rmax[g] - bm))
-                rmax[g] = bm
-                corr[g] = c
-                ref = vsplat(bm, vt)
-                rs = vmul(rs, vsplat(c, vt))
-                p = vexp(vsub(s0, ref))
-            else:
-                corr[g] = 1.0
-            vstore(so, 0, p)
-            rs = vadd(rs, p)
-            for ch in range(W, n_valid, W):
-                p = vexp(vsub(vloadf(so, ch * 4, vt), ref))  # masked keys: exp(_NEG) = 0
-                vstore(so, ch * 4, p)
+        for r in range(R):
+            n_valid = min(bs, t_end + r - b * bs)
+            qa, sa, aa = q0 + r * G * D * 4, s0a + r * G * SW * 4, a0 + r * G * D * 4
+            ca, rsa = c0a + r * G * 4, rs0 + r * G * W * 4
+            for gi in range(n_qk):
+                g0 = gi * G // n_qk
+                gn = (gi + 1) * G // n_qk - g0
+                pf_k = nxt if gi == 0 and r == 0 else 0  # the K^T of the block ahead along the first pass
+                for ch in range(0, n_valid, 2 * W):  # two key vectors per pass over K^T
+                    _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, n_valid - ch, D, sa + (g0 * SW + ch) * 4, SW,
+                          gn, 2 if n_valid - ch > W else 1, pf_k if ch == 0 else 0, vt, pool)
+            for g in range(G):
+                so = sa + g * SW * 4
+                ra = rsa + g * W * 4
+                ref = vsplat(rmax[r, g], vt)
+                rs = vloadf(ra, 0, vt)
+                s0 = vloadf(so, 0, vt)
+                mx = s0
+                for ch in range(W, n_valid, W):
+                    mx = vmaxf(mx, vloadf(so, ch * 4, vt))
+                bm = vhmax(mx)
+                p = vexp(vsub(s0, ref))  # with the old reference max: not waiting for bm
+                if bm > rmax[r, g]:  # a new reference max: rescale (rare after the first blocks)
+                    c = np.float32(np.exp(rmax[r, g] - bm))
+                    rmax[r, g] = bm
+                    corr[r, g] = c
+                    ref = vsplat(bm, vt)
+                    rs = vmul(rs, vsplat(c, vt))
+                    p = vexp(vsub(s0, ref))
+                else:
+                    corr[r, g] = 1.0
+                vstore(so, 0, p)
                 rs = vadd(rs, p)
-            vstore(ra, 0, rs)
-        vb = kb + v_off
-        k = 0  # P V call of this block
-        for gi in range(n_groups):
-            g0 = gi * G // n_groups
-            gn = (gi + 1) * G // n_groups - g0
-            c0 = 0
-            while c0 < nv:
-                nc = _pass_width(nv - c0, pv_cols)
-                pf = 0  # every pf_every-th call: one line of each V row of the block ahead
-                if nxt != 0 and k % pf_every == 0 and k // pf_every < v_lines:
-                    pf = nxt + v_off + (k // pf_every) * 64
-                _pv(aa + (g0 * D + c0 * W) * 4, sa + g0 * SW * 4, SW, ca + g0 * 4, vb + c0 * W * esz, D, n_valid,
-                    nc, gn, pf, vt, pool)
-                c0 += nc
-                k += 1
-    for g in range(G):
-        pmax[task, g] = rmax[g]
-        psum[task, g] = vhsum(vloadf(rsa, g * W * 4, vt))
-        for d in range(D):
-            pacc[task, g, d] = acc[g, d]
-
-
+                for ch in range(W, n_valid, W):
+                    p = vexp(vsub(vloadf(so, ch * 4, vt), ref))  # masked keys: exp(_NEG) = 0
+                    vstore(so, ch * 4, p)
+                    rs = vadd(rs, p)
+                vstore(ra, 0, rs)
+            vb = kb + v_off
+            k = 0  # P V call of this block
+            for gi in range(n_groups):
+                g0 = gi * G // n_groups
+                gn = (gi + 1) * G // n_groups - g0
+                c0 = 0
+                while c0 < nv:
+                    nc = _pass_width(nv - c0, pv_cols)
+                    pf = 0  # every pf_every-th call: one line of each V row of the block ahead
+                    if r == 0 and nxt != 0 and k % pf_every == 0 and k // pf_every < v_lines:
+                        pf = nxt + v_off + (k // pf_every) * 64
+                    _pv(aa + (g0 * D + c0 * W) * 4, sa + g0 * SW * 4, SW, ca + g0 * 4, vb + c0 * W * esz, D,
+                        n_valid, nc, gn, pf, vt, pool)
+                    c0 += nc
+                    k += 1
+    for r in range(R):
+        slot = task + r * row_step
+        for g in range(G):
+            pmax[slot, g] = rmax[r, g]
+            psum[slot, g] = vhsum(vloadf(rs0, (r * G + g) * W * 4, vt))
+            for d in range(D):
+                pacc[slot, g, d] = acc[r, g, d]

@@ -14,7 +14,7 @@ loop, more the thread pool, as ``paged_attention`` dispatches), timed per layer 
 layers a read of ``--evict-mb`` MiB (what the weights stream through the caches in a decode
 step) so that, as in the engine, each layer's K/V come from DRAM.
 
-matvec: M = 1 products of repacked random weights with the catalog models' row lengths and
+matvec: M = --rows (1) products of repacked random weights with the catalog models' row lengths and
 enough rows (about 70-145 MB) that the weights come from DRAM, on ``--threads`` threads;
 GB/s = packed bytes / median time.
 """
@@ -109,11 +109,12 @@ def matvec(mods, args) -> None:
             old = mods["old"]
             packed = old["repack"].repack(random_quant_bytes(rng, qname, N, K), qt, K, lanes)
             kind = old["act_quant"].ACT_Q8_K if qname in ("Q4_K", "Q6_K") else old["act_quant"].ACT_Q8_0
-            qx, dx, sx = old["act_quant"].quantize_activations_int(rng.standard_normal((1, K)).astype(np.float32), kind)
+            qx, dx, sx = old["act_quant"].quantize_activations_int(rng.standard_normal((args.rows, K)).astype(np.float32), kind)
             ys, fns = {}, {}
             for name, mod in mods.items():
                 mod["jit"].set_threads(threads)
-                tag, ys[name] = mod["simd"].make_tag(args.isa), np.empty((1, N), np.float32)
+                # [rows, N + 16]: output rows N floats apart would all map to one L1 set (N a multiple of 1024)
+                tag, ys[name] = mod["simd"].make_tag(args.isa), np.empty((args.rows, N + 16), np.float32)
 
                 def run(mod=mod, tag=tag, y=ys[name]):
                     t0 = time.perf_counter()
@@ -126,7 +127,7 @@ def matvec(mods, args) -> None:
                 sys.exit(f"error: the trees' {qname} products differ")
             med, q1, q3, t = alternate(fns, args.reps)
             gb = packed.nbytes / 1e9
-            print(f"matvec {qname} {N}x{K} t={threads}: old {gb / t['old']:.2f} GB/s, new {gb / t['new']:.2f} GB/s; "
+            print(f"matvec {qname} {N}x{K} M={args.rows} t={threads}: old {gb / t['old']:.2f} GB/s, new {gb / t['new']:.2f} GB/s; "
                   f"new/old {med:.3f} (q1 {q1:.3f}, q3 {q3:.3f}; {args.reps} pairs)", flush=True)
 
 
@@ -159,6 +160,7 @@ def main(argv=None) -> None:
     ap.add_argument("--evict-mb", type=int, default=14)
     ap.add_argument("--types", nargs="+", default=["Q8_0", "Q5_0", "Q6_K", "Q4_K"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
+    ap.add_argument("--rows", type=int, default=1, help="matvec: rows of activations (a verification's M)")
     args = ap.parse_args(argv)
     if min(args.ctx, args.reps, *args.threads) < 1 or args.evict_mb < 0:
         ap.error("--ctx, --reps and --threads must be at least 1, --evict-mb at least 0")

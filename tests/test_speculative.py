@@ -358,6 +358,39 @@ def test_ngram_and_suffix_drafters_propose_seen_continuations():
     assert len(ng.propose("b", [1, 2, 3], 8)) == 0  # nothing seen twice
 
 
+def test_ngram_index_finds_what_a_scan_finds_and_adds_no_objects_per_entry():
+    """NgramIndex.occurrences against a brute-force scan of the documents (every n, with
+    and without a limit, one end excluded), on documents added whole and extended piece
+    by piece; and indexing 20K more tokens leaves the garbage collector no more objects
+    to walk than a handful (the history of a long-running server stays out of its way)."""
+    import gc
+
+    from llcinfer.speculative.lookup import NgramIndex
+
+    rng = np.random.default_rng(3)
+    idx = NgramIndex(4)
+    docs = [rng.integers(0, 6, 300).tolist() for _ in range(3)]
+    idx.add(docs[0])
+    idx.add(docs[1][:7], skip=3)
+    for a in range(7, 300, 13):
+        idx.extend(1, docs[1][a:a + 13])
+    idx.add(docs[2])
+    for key in [(1,), (2, 3), (0, 0, 1), (5, 4, 3, 2), (1, 1, 1, 1)]:
+        n = len(key)
+        scan = [(d, e) for d, doc in enumerate(docs) for e in range(n, len(doc))
+                if (d != 1 or e > 3) and tuple(doc[e - n:e]) == key]
+        assert idx.occurrences(key, None) == scan
+        assert idx.occurrences(key, None, 5) == scan[-5:]
+        if scan:
+            assert idx.occurrences(key, scan[-1]) == scan[:-1]
+    gc.collect()
+    before = len(gc.get_objects())
+    for _ in range(10):
+        idx.add(rng.integers(0, 50_000, 2_000).tolist())
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+
+
 def test_super_tree_budget_ranks_across_sequences_and_keeps_ancestors():
     confident = DraftTree.chain([1, 2, 3, 4, 5], [0.9, 0.85, 0.8, 0.7, 0.6])
     weak = DraftTree(np.array([6, 7, 8]), np.array([-1, 0, -1]), np.array([0.3, 0.05, 0.2]))

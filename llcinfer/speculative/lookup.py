@@ -39,13 +39,23 @@ _SHORT_MATCH, _SHORT_DEPTH = 2, 8  # matches of at most 2 tokens continue at mos
 
 class NgramIndex:
     """Token lists and, for every n-gram of length 1..max_n, where it ends (the position
-    after its last token), appended incrementally."""
+    after its last token), appended incrementally.
+
+    Each n-gram ending is an entry: the hash of the n-gram maps to its latest entry, and
+    every entry links to the previous one with the same hash, so a lookup walks back from
+    the most recent occurrence (comparing tokens: hashes may collide).  The entries live in
+    numpy arrays and the map holds ints only, which the garbage collector does not track,
+    so a long history adds no objects for it to walk."""
 
     def __init__(self, max_n: int):
         self.max_n = max_n
         self.docs: list[list[int]] = []
-        self.where: dict[tuple[int, ...], list[tuple[int, int]]] = defaultdict(list)  # n-gram -> [(doc, end)]
         self._indexed: list[int] = []  # tokens of each doc already indexed
+        self._latest: dict[int, int] = {}  # hash of an n-gram -> its latest entry
+        self._n = 0  # entries
+        self._prev = np.zeros(1024, np.int32)  # [entry] previous entry with the same hash, -1: none
+        self._doc = np.zeros(1024, np.int32)  # [entry] document it ends in
+        self._end = np.zeros(1024, np.int32)  # [entry] position after its last token
 
     def add(self, tokens: list[int], skip: int = 0) -> int:
         """A new document of ``tokens``; n-grams that end in its first ``skip`` tokens are
@@ -60,14 +70,47 @@ class NgramIndex:
         """Append ``tokens`` to document ``doc`` and index the n-grams that end in them."""
         d = self.docs[doc]
         d.extend(tokens)
-        for end in range(self._indexed[doc] + 1, len(d) + 1):
+        first = self._indexed[doc]
+        lo = max(0, first - self.max_n + 1)
+        window = tuple(d[lo:])  # the tokens the new n-grams are made of
+        latest, prev, ends = self._latest, [], []
+        n0 = self._n
+        for end in range(first + 1, len(d) + 1):
             for n in range(1, min(self.max_n, end) + 1):
-                self.where[tuple(d[end - n:end])].append((doc, end))
+                h = hash(window[end - n - lo:end - lo])
+                prev.append(latest.get(h, -1))
+                latest[h] = n0 + len(ends)
+                ends.append(end)
+        self._grow(n0 + len(ends))
+        self._prev[n0:n0 + len(ends)] = prev
+        self._doc[n0:n0 + len(ends)] = doc
+        self._end[n0:n0 + len(ends)] = ends
+        self._n = n0 + len(ends)
         self._indexed[doc] = len(d)
 
-    def occurrences(self, key: tuple[int, ...], exclude: tuple[int, int] | None) -> list[tuple[int, int]]:
-        """Ends of earlier occurrences of ``key`` (most recent last), ``exclude`` left out."""
-        return [o for o in self.where.get(key, ()) if o != exclude]
+    def _grow(self, n: int) -> None:
+        if n > self._prev.size:
+            size = max(n, 2 * self._prev.size)
+            for name in ("_prev", "_doc", "_end"):
+                old = getattr(self, name)
+                new = np.zeros(size, old.dtype)
+                new[:old.size] = old
+                setattr(self, name, new)
+
+    def occurrences(self, key: tuple[int, ...], exclude: tuple[int, int] | None,
+                    limit: int | None = None) -> list[tuple[int, int]]:
+        """Ends (doc, end) of earlier occurrences of ``key`` that a token follows, ``exclude``
+        left out: the most recent ``limit`` (None: all), oldest first."""
+        out: list[tuple[int, int]] = []
+        want, n = list(key), len(key)
+        e = self._latest.get(hash(key), -1)
+        while e >= 0 and (limit is None or len(out) < limit):
+            d, end = int(self._doc[e]), int(self._end[e])
+            doc = self.docs[d]
+            if end < len(doc) and (d, end) != exclude and doc[end - n:end] == want:
+                out.append((d, end))
+            e = int(self._prev[e])
+        return out[::-1]
 
 
 def continuation_trie(conts: list[list[int]], max_nodes: int, rate: float) -> DraftTree:
@@ -170,8 +213,7 @@ class NgramDrafter:
             origins: list[list | None] = []  # the prompt tokens under each (None: not the prompt)
             for idx, doc in indexes:
                 if doc is None:  # another request's history
-                    found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, None)
-                             if e < len(idx.docs[d])]
+                    found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, None, _MAX_OCCURRENCES)]
                     conts += found
                     origins += [None] * len(found)
                     continue
@@ -179,8 +221,8 @@ class NgramDrafter:
                     cont, origin = edits.continuation(e, depth, tokens)
                     conts.append(cont)
                     origins.append(origin)
-                found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, (doc, len(tokens)))
-                         if e < len(idx.docs[d])]  # the request's own output
+                found = [idx.docs[d][e:e + depth]  # the request's own output
+                         for d, e in idx.occurrences(pattern, (doc, len(tokens)), _MAX_OCCURRENCES)]
                 conts += found
                 origins += [None] * len(found)
             if conts:

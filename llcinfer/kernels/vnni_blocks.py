@@ -164,7 +164,8 @@ def run32_2(qt, wa, xa, xda, xsa, K, m, tag):
 
 @inline_kernel
 def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
-    """Activation rows m..m+3: each block decoded once, used by the 4 rows."""
+    """Activation rows m..m+3: each block decoded once, used by the 4 rows; the first
+    pass (m = 0) prefetches the next group's blocks along (vnni_matmul.py)."""
     bs = block_bytes(qt) * vlanes(tag)
     nb = K // 32
     x0 = xa + m * K
@@ -172,8 +173,11 @@ def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
     a1 = vzero_f(tag)
     a2 = vzero_f(tag)
     a3 = vzero_f(tag)
+    ahead = nb * bs  # the next group's block b lies one group further
     for b in range(nb):
         o = b * bs
+        if m == 0:
+            _w_part(wa, o + ahead, bs)
         qs = dec32(qt, wa, o, tag)
         i = m * nb + b
         a0 = _acc32(qt, wa, o, qs, x0, ldf(xda, i), ldi(xsa, i), 32 * b, a0, tag)

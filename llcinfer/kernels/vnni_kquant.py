@@ -14,8 +14,8 @@ from .simd_math import vadd, vand, vcvt, vdot_i16, vdot_u4, vdot_u6, vfma, vmul,
 from .vnni_blocks import _nib8, _w_part, _x8
 
 
-# Bytes ahead of the weight stream prefetched along the K-quant loops (all row counts: the
-# first pass of a 4-row tile over a group reads it from DRAM, as a verification step does):
+# Bytes ahead of the weight stream prefetched along the one- and two-row K-quant loops (the
+# 4-row loops prefetch the next group in their first pass, vnni_matmul.py):
 # spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
 # of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
 # perf/overlap_ceiling.py --kernels (1 thread, weights from DRAM over the probe): Q4_K 0.67-
@@ -132,6 +132,7 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
     a1 = vzero_f(tag)
     a2 = vzero_f(tag)
     a3 = vzero_f(tag)
+    ahead = nb * bs  # the next group's super-block b lies one group further
     for b in range(nb):
         o = b * bs
         for r in range(4):
@@ -145,7 +146,8 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
         n2 = vzero_i(tag)
         n3 = vzero_i(tag)
         for s in range(8):
-            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
+            if m == 0:  # the first pass over the group: the next one's weights
+                _w_part(wa, o + ahead + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
             mp = _pair_u8(wa, o + 12 * W + s * W, tag)
             s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
@@ -276,6 +278,7 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
     a1 = vzero_f(tag)
     a2 = vzero_f(tag)
     a3 = vzero_f(tag)
+    ahead = nb * bs  # the next group's super-block b lies one group further
     for b in range(nb):
         o = b * bs
         for r in range(4):
@@ -289,7 +292,8 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
         n2 = vzero_i(tag)
         n3 = vzero_i(tag)
         for c in range(8):
-            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
+            if m == 0:  # the first pass over the group: the next one's weights
+                _w_part(wa, o + ahead + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
             sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
             s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)

@@ -23,11 +23,13 @@ vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed byt
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded
 once and fed to the 4 rows' accumulators; a remainder of 2 or 3 rows takes a 2-row tile,
 then a last single row (M = 3: 2 + 1, M = 7: 4 + 2 + 1).  A group's weights stay
-in L1/L2 while every row of x passes over them.  The one-row loops (decode) prefetch the
-weight stream ``vnni_blocks.W_AHEAD`` bytes ahead (groups are contiguous, so past a group
-lies the next); the K-quant loops do so at every row count (``vnni_kquant.K_AHEAD``), the
-32-value 4-row loop does not (it measured slower with it).  The loops over one group, per
-weight type, are in vnni_blocks.py and vnni_kquant.py; this module holds the drivers.
+in L1/L2 while every row of x passes over them.  The one- and two-row loops prefetch the
+weight stream a little ahead (``vnni_blocks.W_AHEAD``, ``vnni_kquant.K_AHEAD`` bytes;
+groups are contiguous, so past a group lies the next); the 4-row loops, in their first
+pass over a group, prefetch the next group, block by block: a tile of a verification
+step computes long enough per group for the whole next group to arrive from DRAM.  The
+loops over one group, per weight type, are in vnni_blocks.py and vnni_kquant.py; this
+module holds the drivers.
 """
 
 from numba import prange

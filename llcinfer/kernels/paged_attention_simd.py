@@ -21,7 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import kernel
+from ..jit import inline_kernel, kernel
 from .simd import VTag, addr, elt_kind, lane_mask_ir, load_as_f32, prefetch_ir, splat_ir, vlanes, vloadf, vsplat, vstore
 from .simd_math import fma_ir, vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
 
@@ -241,6 +241,43 @@ def _pass_width(left, most):
     return most if left >= most else (2 if left >= 2 else 1)
 
 
+@inline_kernel
+def online_softmax_block(so, ra, m_old, n_valid, vt):
+    """One key block of the online softmax of one query row: the scores at ``so`` (f32,
+    whole vectors; masked keys at _NEG) become exp(s - m) in place and are added to the
+    running sums at ``ra`` (one vector, lane-wise), m the running max, raised to the
+    block's max where that is larger (the running sums then rescaled by exp(m_old - m)).
+    Returns (m, the rescale factor for the row's accumulators: 1 or exp(m_old - m)).
+
+    It exponentiates with the old max before the block's max is known and redoes it only
+    when the max grows (rare after the first blocks), so the block max is off the
+    critical path."""
+    W = vlanes(vt)
+    ref = vsplat(m_old, vt)
+    rs = vloadf(ra, 0, vt)
+    s0 = vloadf(so, 0, vt)
+    mx = s0
+    for ch in range(W, n_valid, W):
+        mx = vmaxf(mx, vloadf(so, ch * 4, vt))
+    bm = vhmax(mx)
+    p = vexp(vsub(s0, ref))
+    m, c = m_old, np.float32(1.0)
+    if bm > m_old:
+        c = np.float32(np.exp(m_old - bm))
+        m = bm
+        ref = vsplat(bm, vt)
+        rs = vmul(rs, vsplat(c, vt))
+        p = vexp(vsub(s0, ref))
+    vstore(so, 0, p)
+    rs = vadd(rs, p)
+    for ch in range(W, n_valid, W):
+        p = vexp(vsub(vloadf(so, ch * 4, vt), ref))  # masked keys: exp(_NEG - m) = 0
+        vstore(so, ch * 4, p)
+        rs = vadd(rs, p)
+    vstore(ra, 0, rs)
+    return m, c
+
+
 @kernel
 def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pmax, psum, pacc, vt, n_rows=1,
                row_step=0):
@@ -258,8 +295,7 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
     is prefetched along (K^T in the first QK pass, V in the P V calls).
     Needs bs a multiple of W and D a multiple of W (``_task`` checks).
 
-    The softmax exponentiates with the running max before this block's max is known and
-    redoes it only when the max grows, so the block max is off the critical path."""
+    The softmax is online per block (``online_softmax_block``)."""
     M, H, D = q.shape
     G = H // KVH
     W = vlanes(vt)
@@ -325,32 +361,7 @@ def _task_simd(q, pool, table, layer, KVH, bs, n_past, scale, n_splits, task, pm
                     _qk_t(qa + g0 * D * 4, kb + ch * esz, bs * esz, n_valid - ch, D, sa + (g0 * SW + ch) * 4, SW,
                           gn, 2 if n_valid - ch > W else 1, pf_k if ch == 0 else 0, vt, pool)
             for g in range(G):
-                so = sa + g * SW * 4
-                ra = rsa + g * W * 4
-                ref = vsplat(rmax[r, g], vt)
-                rs = vloadf(ra, 0, vt)
-                s0 = vloadf(so, 0, vt)
-                mx = s0
-                for ch in range(W, n_valid, W):
-                    mx = vmaxf(mx, vloadf(so, ch * 4, vt))
-                bm = vhmax(mx)
-                p = vexp(vsub(s0, ref))  # with the old reference max: not waiting for bm
-                if bm > rmax[r, g]:  # a new reference max: rescale (rare after the first blocks)
-                    c = np.float32(np.exp(rmax[r, g] - bm))
-                    rmax[r, g] = bm
-                    corr[r, g] = c
-                    ref = vsplat(bm, vt)
-                    rs = vmul(rs, vsplat(c, vt))
-                    p = vexp(vsub(s0, ref))
-                else:
-                    corr[r, g] = 1.0
-                vstore(so, 0, p)
-                rs = vadd(rs, p)
-                for ch in range(W, n_valid, W):
-                    p = vexp(vsub(vloadf(so, ch * 4, vt), ref))  # masked keys: exp(_NEG) = 0
-                    vstore(so, ch * 4, p)
-                    rs = vadd(rs, p)
-                vstore(ra, 0, rs)
+                rmax[r, g], corr[r, g] = online_softmax_block(sa + g * SW * 4, rsa + g * W * 4, rmax[r, g], n_valid, vt)
             vb = kb + v_off
             k = 0  # P V call of this block
             for gi in range(n_groups):

@@ -39,7 +39,7 @@ from numba import prange
 from ..dtypes import KV_INT8
 from ..jit import kernel, parallel_kernel
 from .paged_attention import attention_tag, paged_attention
-from .paged_attention_simd import _NEG, _pass_width, _pv, _qk_t
+from .paged_attention_simd import _NEG, _pass_width, _pv, _qk_t, online_softmax_block
 from .simd import addr, lanes_of, vlanes, vloadf, vsplat, vstore, vtag
 from .simd_math import vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
 
@@ -97,32 +97,7 @@ def _tile(q, pool, table, layer, KVH, bs, n_past, scale, m0, m1, kvh, qs, sbuf, 
                 for j in range(max(te, 0), n_valid):
                     sbuf[r, j] = _NEG
         for r in range(Rp):
-            so = sa + r * SW * 4
-            ra = rsa + r * W * 4
-            ref = vsplat(rmax[r], vt)
-            rs = vloadf(ra, 0, vt)
-            s0 = vloadf(so, 0, vt)
-            mx = s0
-            for ch in range(W, n_valid, W):
-                mx = vmaxf(mx, vloadf(so, ch * 4, vt))
-            bm = vhmax(mx)
-            p = vexp(vsub(s0, ref))
-            if bm > rmax[r]:  # a new running max: rescale
-                c = np.float32(np.exp(rmax[r] - bm))
-                rmax[r] = bm
-                corr[r] = c
-                ref = vsplat(bm, vt)
-                rs = vmul(rs, vsplat(c, vt))
-                p = vexp(vsub(s0, ref))
-            else:
-                corr[r] = 1.0
-            vstore(so, 0, p)
-            rs = vadd(rs, p)
-            for ch in range(W, n_valid, W):
-                p = vexp(vsub(vloadf(so, ch * 4, vt), ref))  # masked keys: exp(_NEG - mx) = 0
-                vstore(so, ch * 4, p)
-                rs = vadd(rs, p)
-            vstore(ra, 0, rs)
+            rmax[r], corr[r] = online_softmax_block(sa + r * SW * 4, rsa + r * W * 4, rmax[r], n_valid, vt)
         vb = kb + kv_b  # V rows follow the block's K^T
         for r0 in range(0, Rp, 4):  # 4 rows per pass: each V vector widened once for them
             c0 = 0

@@ -109,7 +109,8 @@ def matvec(mods, args) -> None:
             old = mods["old"]
             packed = old["repack"].repack(random_quant_bytes(rng, qname, N, K), qt, K, lanes)
             kind = old["act_quant"].ACT_Q8_K if qname in ("Q4_K", "Q6_K") else old["act_quant"].ACT_Q8_0
-            qx, dx, sx = old["act_quant"].quantize_activations_int(rng.standard_normal((args.rows, K)).astype(np.float32), kind)
+            x = rng.standard_normal((args.rows, K)).astype(np.float32)
+            qx, dx, sx = old["act_quant"].quantize_activations_int(x, kind)
             ys, fns = {}, {}
             for name, mod in mods.items():
                 mod["jit"].set_threads(threads)
@@ -123,11 +124,12 @@ def matvec(mods, args) -> None:
 
                 fns[name] = run
                 run()
-            if not np.array_equal(ys["old"], ys["new"]):
+            if not np.array_equal(ys["old"][:, :N], ys["new"][:, :N]):  # the padding is never written
                 sys.exit(f"error: the trees' {qname} products differ")
             med, q1, q3, t = alternate(fns, args.reps)
             gb = packed.nbytes / 1e9
-            print(f"matvec {qname} {N}x{K} M={args.rows} t={threads}: old {gb / t['old']:.2f} GB/s, new {gb / t['new']:.2f} GB/s; "
+            print(f"matvec {qname} {N}x{K} M={args.rows} t={threads}: old {gb / t['old']:.2f} GB/s, "
+                  f"new {gb / t['new']:.2f} GB/s; "
                   f"new/old {med:.3f} (q1 {q1:.3f}, q3 {q3:.3f}; {args.reps} pairs)", flush=True)
 
 

@@ -40,8 +40,8 @@ from ..dtypes import KV_INT8
 from ..jit import kernel, parallel_kernel
 from .paged_attention import attention_tag, paged_attention
 from .paged_attention_simd import _NEG, _pass_width, _pv, _qk_t, online_softmax_block
-from .simd import addr, lanes_of, vlanes, vloadf, vsplat, vstore, vtag
-from .simd_math import vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
+from .simd import addr, lanes_of, vlanes, vloadf, vtag
+from .simd_math import vhsum
 
 _SLOTS_PER_THREAD = 4
 

@@ -107,7 +107,7 @@ class NgramIndex:
         while e >= 0 and (limit is None or len(out) < limit):
             d, end = int(self._doc[e]), int(self._end[e])
             doc = self.docs[d]
-            if end < len(doc) and (d, end) != exclude and doc[end - n:end] == want:
+            if n <= end < len(doc) and (d, end) != exclude and doc[end - n:end] == want:
                 out.append((d, end))
             e = int(self._prev[e])
         return out[::-1]

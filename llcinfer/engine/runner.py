@@ -53,7 +53,8 @@ class ModelRunner:
         """Logits  # [vocab] f32 for every chunk that samples (None for the others; a
         verification chunk's  # [rows, vocab], one per tree row), in the order of
         ``batch.chunks``; a chunk with prompt rows to score gets their logits in
-        ``Chunk.scored_logits``."""
+        ``Chunk.scored_logits``.  Decode rows are views of the executor's buffer: read
+        them before the next run."""
         out: list[np.ndarray | None] = [None] * len(batch.chunks)
         decode, rest = [], []
         for i, c in enumerate(batch.chunks):
@@ -82,11 +83,12 @@ class ModelRunner:
             chunks = [batch.chunks[i] for i in decode]
             seqs = [c.request.seq for c in chunks]
             if all(c.tree is None for c in chunks):
-                logits = self.executor.step(seqs, [c.tokens[0] for c in chunks])
+                logits = self.executor.step(seqs, [c.tokens[0] for c in chunks], copy=False)
                 for row, i in enumerate(decode):
                     out[i] = logits[row]
             else:
-                logits = self.executor.step_rows(seqs, [c.tokens for c in chunks], [c.tree is None for c in chunks])
+                logits = self.executor.step_rows(seqs, [c.tokens for c in chunks], [c.tree is None for c in chunks],
+                                                 copy=False)
                 r0 = 0
                 for c, i in zip(chunks, decode):
                     r1 = r0 + len(c.tokens)

@@ -179,6 +179,10 @@ class Sampler:
         float32; if every logit is NaN or -inf, token 0 (the argmax) is returned.
         """
         p = self.params
+        if p.greedy and p.repeat_penalty == 1.0:  # argmax of the logits as they are: no copy
+            x = np.asarray(logits)
+            if x.dtype == np.float32 and x.shape == (self.vocab_size,) and math.isfinite(float(x.max())):
+                return int(np.argmax(x))  # a finite max: no NaN or +inf to map first
         x = np.array(logits, dtype=np.float32)  # private, mutable copy
         if x.ndim != 1 or x.shape[0] != self.vocab_size:
             raise ValueError(f"logits must have shape ({self.vocab_size},), got {x.shape}")

@@ -257,8 +257,10 @@ class DecodeExecutor:
                     sp_anchor_q=np.zeros((M, n_full, c.n_head, c.head_dim), f32),  # [M, full layer, H, D]
                     sp_counts=self.sparse_counts)
 
-    def step(self, seqs: list, tokens) -> np.ndarray:
-        """One token for each sequence; returns logits  # [M, vocab] (a copy).
+    def step(self, seqs: list, tokens, copy: bool = True) -> np.ndarray:
+        """One token for each sequence; returns logits  # [M, vocab]: a copy, or with
+        ``copy`` False the step's own buffer, valid until the next step of as many rows
+        (the step loop, which reads them before it steps again).
 
         Per token this is Python run right after the weights streamed through the caches,
         so every call and array operation is a string of cache misses (measured 230-280 us
@@ -267,23 +269,23 @@ class DecodeExecutor:
         ids = _token_ids(tokens, self.config.vocab_size)
         if len(ids) != len(seqs) or not seqs:
             raise ValueError(f"executor step: {len(ids)} tokens for {len(seqs)} sequences")
-        return self._run(seqs, [(t,) for t in ids], len(ids), None)
+        return self._run(seqs, [(t,) for t in ids], len(ids), None, copy)
 
-    def step_rows(self, seqs: list, token_lists: list, index: list | None = None) -> np.ndarray:
+    def step_rows(self, seqs: list, token_lists: list, index: list | None = None, copy: bool = True) -> np.ndarray:
         """Consecutive tokens for each sequence in one step: sequence i's tokens take rows
         at positions n_tokens, n_tokens + 1, ..., each attending to the sequence's prefix
         and its own earlier rows (causal), so a drafted chain is verified in one step as
         plain decoding would compute it token by token.  ``index[i]`` False: sequence i's
         rows are a draft, not indexed for prefix sharing (PagedSequence.finish).  Returns
-        logits  # [rows, vocab], the sequences' rows in order (a copy)."""
+        logits  # [rows, vocab], the sequences' rows in order (``copy`` as for ``step``)."""
         lists = [_token_ids(t, self.config.vocab_size) for t in token_lists]
         if len(lists) != len(seqs) or not seqs or not all(lists):
             raise ValueError(f"executor step: {len(lists)} token lists for {len(seqs)} sequences (none empty)")
         if len(set(map(id, seqs))) != len(seqs):
             raise ValueError("executor step: a sequence appears twice")
-        return self._run(seqs, lists, sum(map(len, lists)), index)
+        return self._run(seqs, lists, sum(map(len, lists)), index, copy)
 
-    def _run(self, seqs: list, lists: list, M: int, index: list | None) -> np.ndarray:
+    def _run(self, seqs: list, lists: list, M: int, index: list | None, copy: bool) -> np.ndarray:
         pool = seqs[0].pool
         if any(s.pool is not pool for s in seqs):
             raise ValueError("executor step: every sequence must live in one KV pool")
@@ -320,7 +322,7 @@ class DecodeExecutor:
                                 else "executor step aborted")
         for i, (s, t) in enumerate(zip(seqs, lists)):
             s.finish(t, index=True if index is None else bool(index[i]))
-        return b["logits"].copy()
+        return b["logits"].copy() if copy else b["logits"]
 
     def close(self) -> None:
         if self._owns_workers:

@@ -108,6 +108,30 @@ def test_rollback_drops_tokens_and_whole_blocks():
     assert seq.n_blocks == 0 and pool.n_committed == 0
 
 
+def test_committed_path_holds_the_dropped_block_for_the_next_rows():
+    """A verification's rows past the accepted path free a block; the sequence keeps it
+    for its next rows instead of handing its pages back, and lets go of it when freed."""
+    pool, _, seq = make_seq(bs=4)
+    seq.prepare(list(range(7)))
+    seq.finish(list(range(7)))
+    seq.prepare([1, 2, 3, 4])  # a root and 3 draft rows: positions 7..10, a third block
+    seq.finish([1, 2, 3, 4], index=False)
+    dropped = int(seq.table[2])
+    seq.commit_path(7, [])  # nothing accepted: the root at position 7 stays, block 2 is dropped
+    assert seq.n_tokens == 8 and seq.n_blocks == 2 and pool.n_committed == 3 and pool.refcount[dropped] == 1
+    seq.prepare([5])
+    seq.finish([5])
+    seq.prepare([6])  # position 9: the held block, no new one
+    assert seq.n_blocks == 3 and int(seq.table[2]) == dropped and pool.n_committed == 3
+    seq.truncate(8)  # a plain rollback gives blocks back
+    assert pool.n_committed == 2
+    seq.prepare([1, 2, 3])
+    seq.finish([1, 2, 3], index=False)
+    seq.commit_path(8, [0])
+    seq.free()
+    assert seq.n_blocks == 0 and pool.n_committed == 0 and pool.refcount.sum() == 0
+
+
 def test_exhaustion_error_names_the_sequence_and_others_continue():
     pool, _, a = make_seq(bs=4, n_blocks=64, budget=0)
     pool.budget_blocks = 3  # a budget of three blocks

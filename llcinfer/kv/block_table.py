@@ -43,6 +43,7 @@ class PagedSequence:
         self.tokens: list[int] = []  # token id at each position (-1: written without a token id)
         self._n = 0
         self._indexed = 0  # ids[:_indexed] are all set
+        self._spare: int | None = None  # a block held past the table for the next growth (commit_path)
         # positions below this attend on the blocked prefill kernel, the rest on the decode
         # kernels; None: the rows of a call with M > 1 rows (see ``attention``)
         self.prefill_until: int | None = None
@@ -84,7 +85,11 @@ class PagedSequence:
         got = []
         try:
             while self.n_blocks + len(got) < need:
-                got.append(self.pool.allocate(self.name))
+                if self._spare is not None:
+                    got.append(self._spare)
+                    self._spare = None
+                else:
+                    got.append(self.pool.allocate(self.name))
         except OutOfMemoryError:
             for b in reversed(got):
                 self.pool.release(b)
@@ -234,7 +239,7 @@ class PagedSequence:
                           p.kind, src, dst)
         for d, i in enumerate(path):
             self.tokens[n_prefix + 1 + d] = tree_tokens[i]
-        self.truncate(n_prefix + 1 + len(path))
+        self.truncate(n_prefix + 1 + len(path), keep_spare=True)
         self._index_full_blocks()
 
     def _index_full_blocks(self) -> None:
@@ -253,12 +258,19 @@ class PagedSequence:
             self._indexed = i + 1
 
     # ------------------------------------------------------------------ rollback, sharing
-    def truncate(self, n_tokens: int) -> None:
-        """Forget every position >= n_tokens (rollback); whole blocks past it go back."""
+    def truncate(self, n_tokens: int, keep_spare: bool = False) -> None:
+        """Forget every position >= n_tokens (rollback); whole blocks past it go back, but
+        with ``keep_spare`` the first of them (this sequence's own) is held for the next
+        growth: a verification whose rows cross into a new block every few steps would
+        otherwise hand its pages to the OS and fault them in again each time."""
         n = max(0, min(int(n_tokens), self._n))
         keep = -(-n // self.block_size)
         for i in range(self.n_blocks - 1, keep - 1, -1):  # tail first: the LRU keeps heads longest
-            self._release(int(self.table[i]))
+            b = int(self.table[i])
+            if keep_spare and i == keep and self._spare is None and not self._shared(b):
+                self._spare = b
+            else:
+                self._release(b)
         self.n_blocks = keep
         del self.ids[keep:]
         if n % self.block_size:
@@ -269,6 +281,9 @@ class PagedSequence:
 
     def clear(self) -> None:
         self.truncate(0)
+        if self._spare is not None:
+            self._release(self._spare)
+            self._spare = None
 
     free = clear
 

@@ -15,7 +15,6 @@ from llcinfer.kernels.tables import F16_TO_F32
 from llcinfer.kv import KVPool, PagedSequence, PrefixCache
 from llcinfer.engine.reference import ReferenceModel
 from llcinfer.engine.transformer import Transformer
-from llcinfer.engine.sampling import SamplingParams
 
 SEQ = [3, 200, 17, 262, 45, 45, 99, 1, 150, 7, 271, 64, 33, 128, 0, 255, 80, 12, 9, 77, 31, 5, 240, 66, 101]
 

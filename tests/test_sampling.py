@@ -108,11 +108,17 @@ def test_seed_reproducibility():
 
 
 def test_does_not_mutate_logits():
+    """Neither the NaN mapping nor the penalty writes into the caller's row (the step
+    loop hands the sampler the executor's own logits buffer)."""
     x = np.random.default_rng(2).standard_normal(300).astype(np.float32)
+    finite, finite_before = x.copy(), x.copy()
     x[5] = np.nan
     before = x.copy()
     Sampler(SamplingParams(seed=0, repeat_penalty=1.5), 300).sample(x, [1, 2, 3])
     np.testing.assert_array_equal(x, before)
+    for t in (0.0, 0.8):  # greedy and sampled, the penalty applied to tokens 1-3
+        Sampler(SamplingParams(seed=0, temperature=t, repeat_penalty=1.5), 300).sample(finite, [1, 2, 3])
+        np.testing.assert_array_equal(finite, finite_before)
 
 
 def test_top_k_support():

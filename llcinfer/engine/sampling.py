@@ -160,7 +160,8 @@ class Sampler:
         self.rng = np.random.Generator(np.random.PCG64(self.params.seed))
 
     def _penalize(self, x: np.ndarray, history) -> np.ndarray:
-        """Apply the repetition penalty in place over the distinct tokens of the window."""
+        """``x`` with the repetition penalty applied over the distinct tokens of the window
+        (a copy where it changes anything)."""
         p = self.params
         n = p.repeat_last_n
         if p.repeat_penalty == 1.0 or n == 0 or len(history) == 0:
@@ -169,6 +170,7 @@ class Sampler:
         toks = np.unique(window)
         toks = toks[(toks >= 0) & (toks < x.shape[0])]
         vals = x[toks]
+        x = x.copy()  # never the caller's logits
         x[toks] = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
         return x
 
@@ -179,16 +181,14 @@ class Sampler:
         float32; if every logit is NaN or -inf, token 0 (the argmax) is returned.
         """
         p = self.params
-        if p.greedy and p.repeat_penalty == 1.0:  # argmax of the logits as they are: no copy
-            x = np.asarray(logits)
-            if x.dtype == np.float32 and x.shape == (self.vocab_size,) and math.isfinite(float(x.max())):
-                return int(np.argmax(x))  # a finite max: no NaN or +inf to map first
-        x = np.array(logits, dtype=np.float32)  # private, mutable copy
+        x = np.asarray(logits, dtype=np.float32)  # the caller's row when f32: every change below makes a copy
         if x.ndim != 1 or x.shape[0] != self.vocab_size:
             raise ValueError(f"logits must have shape ({self.vocab_size},), got {x.shape}")
-        if not math.isfinite(float(x.max())):  # max propagates NaN and +inf
-            np.nan_to_num(x, copy=False, nan=-np.inf, posinf=_F32_MAX, neginf=-np.inf)
-        if x.max() == -np.inf:
+        top = float(x.max())
+        if not math.isfinite(top):  # max propagates NaN and +inf
+            x = np.nan_to_num(x, nan=-np.inf, posinf=_F32_MAX, neginf=-np.inf)
+            top = float(x.max())
+        if top == -np.inf:
             return int(np.argmax(x))
         x = self._penalize(x, history)
         if p.greedy:

@@ -168,7 +168,7 @@ class DecodeExecutor:
         key = (M, n_splits, U)
         if key not in self._programs:
             like = next((p for (m, s, u), p in self._programs.items() if s == n_splits and u == U == 1), None)
-            prog = None if like is None else resize_program(like, self.shapes, M)  # a few columns, not a build
+            prog = None if like is None else resize_program(like, self.shapes, M)  # 20 us, not a build's 500
             self._programs[key] = prog or build_program(self.shapes, M, self._weight_ids, self._attn_ids, n_splits,
                                                         U, self.domains.tiles)
         return self._programs[key]

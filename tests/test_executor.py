@@ -105,27 +105,6 @@ def test_step_rows_chain_equals_token_by_token(tiny, qtype, dom):
     ex.close()
 
 
-@pytest.mark.parametrize("dom", range(len(DOMAINS)))
-def test_resized_program_is_the_built_one(tiny, dom):
-    """A one-micro-batch program rewritten for another row count equals the one built for
-    it, field for field (the executor resizes instead of building for each new M)."""
-    from llcinfer.executor.program import build_program, resize_program
-
-    m = Transformer(GGUFFile(tiny("Q8_0")))
-    ex = DecodeExecutor(m, DOMAINS[dom])
-    ws, at, tiles = ex._weight_ids, ex._attn_ids, ex.domains.tiles
-    for S in (1, 3):
-        for M0 in (1, 5):
-            base = build_program(ex.shapes, M0, ws, at, S, 1, tiles)
-            for M in (1, 2, 7, 12):
-                got, want = resize_program(base, ex.shapes, M), build_program(ex.shapes, M, ws, at, S, 1, tiles)
-                assert np.array_equal(got.ops, want.ops) and np.array_equal(got.order, want.order)
-                assert (got.n_counters, got.n_splits, got.micro_batches, got.waits_per_step) == (
-                    want.n_counters, want.n_splits, want.micro_batches, want.waits_per_step)
-    assert resize_program(build_program(ex.shapes, 4, ws, at, 1, 2, tiles), ex.shapes, 3) is None  # 2 micro-batches
-    ex.close()
-
-
 def test_executor_attention_splits_match_merge(tiny):
     """Long-context splits (partials + merge tasks) agree with one split to rounding, and a
     row merged beside a longer row (more slots than its own parts) gives the same bits."""

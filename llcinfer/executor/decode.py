@@ -25,7 +25,7 @@ from ..kernels.sparse_index import COUNT_FIELDS, SP_FIELDS
 from ..kernels.sparse_reuse import A_CHOSE
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
-from .program import Program, Shapes, Tiles, build_program, resize_program
+from .program import Program, Shapes, Tiles, build_program
 from .step_args import pack
 from .step_kernel import step_prologue, step_prologue_rows
 from .workers import ExecutorError, WorkerPool
@@ -167,10 +167,8 @@ class DecodeExecutor:
         U = self.domains.micro_batches if micro_batches is None else micro_batches
         key = (M, n_splits, U)
         if key not in self._programs:
-            like = next((p for (m, s, u), p in self._programs.items() if s == n_splits and u == U == 1), None)
-            prog = None if like is None else resize_program(like, self.shapes, M)  # 20 us, not a build's 500
-            self._programs[key] = prog or build_program(self.shapes, M, self._weight_ids, self._attn_ids, n_splits,
-                                                        U, self.domains.tiles)
+            self._programs[key] = build_program(self.shapes, M, self._weight_ids, self._attn_ids, n_splits, U,
+                                                self.domains.tiles)
         return self._programs[key]
 
     def buffers(self, M: int, n_splits: int, micro_batches: int | None = None) -> dict:

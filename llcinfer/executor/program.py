@@ -183,24 +183,3 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
     for w, lst in orders.items():
         order[w, :len(lst)] = lst
     return Program(np.asarray(rows, np.int64), order, n_counters[0], n_splits, bounds, waits)
-
-
-def resize_program(prog: Program, s: Shapes, M: int) -> Program | None:
-    """``prog`` (one micro-batch, no "full" sparse layer) for M rows, as ``build_program``
-    would build it, by rewriting the fields that depend on the rows: the attention tiles
-    (ATTN M KVH S, MERGE M KVH and its target, WO's target), the rows' end (F_M1) and the
-    hand-off count.  The counters and the orders do not depend on M there.  None where
-    it does not apply."""
-    if len(prog.micro_batches) != 1 or "full" in s.sparse:
-        return None
-    M0 = prog.micro_batches[0][1]
-    KVH, S = s.config.n_kv_head, prog.n_splits
-    ops = prog.ops.copy()
-    kind = ops[:, F_KIND]
-    ops[kind == ATTN, F_NTILES] = M * KVH * S
-    ops[kind == MERGE, F_NTILES] = M * KVH
-    ops[kind == MERGE, F_TARGET] = M * KVH * S
-    ops[kind == WO, F_TARGET] = M * KVH
-    ops[:, F_M1] = M
-    waits = prog.waits_per_step + s.config.n_layer * KVH * S * (M - M0)
-    return Program(ops, prog.order, prog.n_counters, S, [(0, M)], waits)

@@ -17,7 +17,7 @@ from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.speculative import (Acceptance, DraftTree, Pacer, Gates, NgramDrafter, SuffixDrafter, VerifyCost, select_per_sequence,
                                   select_super_tree)
 
-from llcinfer.speculative.acceptance import MARGIN, MAX_PAUSE, PROBE_EVERY, TRIES
+from llcinfer.speculative.pacer import CREDIT_STEPS, MARGIN, PROBE_EVERY
 import naive
 from tiny_models import isolated_runtime, write_tiny_model
 
@@ -255,73 +255,73 @@ def test_acceptance_scales_confidence_by_what_was_accepted():
     assert acc.ratio == 1.0
 
 
-def test_pacer_pauses_speculation_while_it_is_slower_than_plain():
+def test_pacer_pauses_drafting_that_costs_more_than_its_margin():
     pacer = Pacer()
-    for _ in range(3):
+    assert pacer.paused()  # no plain figure yet: the first step is timed plain
+    pacer.record("plain", 0.008)
+    for _ in range(50):  # a lookup finding nothing at MARGIN / 2 of a step: never paused
         assert not pacer.paused()
-        pacer.record("verified", 0.010)
-    assert [pacer.paused() for _ in range(3)] == [True, True, False]  # no plain figure yet: two plain steps
-    pacer.record("plain", 0.008)
-    pacer.record("plain", 0.008)
-    for _ in range(TRIES):
-        pacer.record("verified", 0.010)  # slower than plain's 8 ms
-    assert [pacer.paused() for _ in range(5)] == [True] * 4 + [False]
-    for _ in range(TRIES):
-        pacer.record("verified", 0.011)
-    assert sum(pacer.paused() for _ in range(20)) == 8  # found slower again: twice the pause
-    for _ in range(TRIES):  # a costly drafter: drafting takes 2 plain steps a try, so 120 steps of pause
-        pacer.record("drafted", 0.024, drafting=0.016)
-    assert sum(pacer.paused() for _ in range(200)) == round(TRIES * 2 / MARGIN) > MAX_PAUSE
-    for _ in range(6):
-        pacer.record("verified", 0.004)  # now faster: speculation goes on
-    assert not pacer.paused()
-    probes = 0
-    for _ in range(2 * PROBE_EVERY):  # drafting that finds nothing and costs (almost) nothing is never paused,
-        pacer.record("drafted", 0.008 * (1 + 4 * MARGIN), drafting=0.0002)  # however slow the host's noise makes a step ...
-        if pacer.paused():  # ... only probed with a plain step now and then
-            probes += 1
+        pacer.record("drafted", 0.008 * (1 + MARGIN / 2), drafting=MARGIN / 2 * 0.008)
+    steps, drafting = 0, 0
+    for _ in range(400):  # a dearer one finding nothing, 4 * MARGIN of a step: one step in four drafts
+        steps += 1
+        if pacer.paused():
             pacer.record("plain", 0.008)
-    assert probes == 2
-    for _ in range(3):  # drafting that finds nothing and costs time is
-        pacer.record("drafted", 0.010, drafting=0.002)
+            continue
+        drafting += 1
+        pacer.record("drafted", 0.008 * (1 + 4 * MARGIN), drafting=4 * MARGIN * 0.008)
+    assert drafting * 4 * MARGIN * 0.008 == pytest.approx(MARGIN * 0.008 * steps, rel=0.05)
+    pacer.record("drafted", 0.088, drafting=0.080)  # a draft model catching up: 10 plain steps
+    paused = 0
+    while pacer.paused():
+        paused += 1
+        pacer.record("plain", 0.008)
+    assert paused == pytest.approx(10 / MARGIN, abs=2)  # it costs at most MARGIN of the time
+
+
+def test_pacer_banks_what_speculation_gains_for_the_verifications_that_fail():
+    pacer = Pacer()
+    pacer.paused()
+    pacer.record("plain", 0.008)
+    for _ in range(4):  # copying: 8 tokens a verification of 2 plain steps
+        assert not pacer.paused()
+        pacer.record("verified", 0.016, tokens=8)
+    assert pacer.credit == pytest.approx(CREDIT_STEPS * 0.008)  # banked up to CREDIT_STEPS plain steps
+    pacer.record("verified", 0.016, tokens=1)  # where the target leaves the text: paid from the bank
+    assert not pacer.paused()
+    for _ in range(200):  # verifications that keep failing spend the bank ...
+        if pacer.paused():
+            pacer.record("plain", 0.008)  # (the probe of the plain figure)
+        pacer.record("verified", 0.016, tokens=1)
+    assert pacer.credit == 0.0  # ... and are never a debt: whether the next one is verified is
+    # for the drafts' measured worth to decide (Acceptance)
+    pacer.record("verified", 0.017, tokens=1, drafting=0.001)  # its drafting is
     assert pacer.paused()
 
 
 def test_pacer_keeps_its_plain_figure_current():
     """A plain figure taken while the process ran cold (twice too slow) would make slower
-    speculation look fast for ever: a faster plain step replaces it at once, and a plain
-    probe every PROBE_EVERY drafting steps brings one."""
+    speculation look fast for ever: a faster step that verified nothing replaces it at
+    once (less its drafting), and a plain probe every PROBE_EVERY verifying steps brings
+    one."""
     pacer = Pacer()
+    pacer.paused()
     pacer.record("plain", 0.016)  # cold
-    slower = 0.008 * 1.15  # speculation 15 % slower than the warm plain step of 8 ms
     for _ in range(PROBE_EVERY):
-        assert not pacer.paused()  # judged against the cold figure: looks fast
-        pacer.record("verified", slower)
+        assert not pacer.paused()
+        pacer.record("verified", 0.009, tokens=1)
     assert pacer.paused()  # the probe
     pacer.record("plain", 0.008)
     assert pacer.plain_s == 0.008  # taken whole
-    assert not pacer.paused()
-    pacer.record("verified", slower)
-    assert pacer.pause > 0  # judged at the next drafting step: slower
-    pacer.record("plain", 0.010)  # a slower plain step moves the figure by EMA only
+    pacer.record("plain", 0.010)  # a slower one moves the figure by EMA only
     assert 0.008 < pacer.plain_s < 0.010
+    pacer.record("drafted", 0.0075, drafting=0.0005)
+    assert pacer.plain_s == pytest.approx(0.007)
     fresh = Pacer()
     fresh.record("plain", 0.008)
     for _ in range(PROBE_EVERY):
         fresh.record("verified", 0.004)
     assert fresh.paused() and not fresh.paused()  # a probe is one step, even when it went unrecorded
-
-
-def test_pacer_weighs_steps_by_the_tokens_they_gained():
-    """Verifications of 88 ms that keep 8 tokens and 1 token in turn take 9.8 ms a token
-    against plain's 30: speculation goes on (an average of the steps' own rates, 11 and
-    88 ms, would call it slower)."""
-    pacer = Pacer()
-    pacer.record("plain", 0.030)
-    for i in range(40):
-        assert not pacer.paused()
-        pacer.record("verified", 0.088, tokens=1 if i % 2 else 8)
-    assert pacer.spec_s < 0.030
 
 
 def test_speculator_follows_the_decode_steps_it_measures():

@@ -70,7 +70,7 @@ class Speculator:
         self.stats = SpecStats()
         self.acceptance = Acceptance()  # the drafts' measured worth: their confidences are scaled by it
         self._ratio = 1.0  # the scale of this step's trees
-        self.pacer = Pacer()  # speculation paused while it measures slower than plain decoding
+        self.pacer = Pacer()  # drafting paused while speculation has cost more than it gained
         self._drafted = False  # whether this step's extend ran the drafter
         self._draft_step_s = 0.0  # seconds this step's extend spent drafting
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
@@ -228,7 +228,7 @@ class Speculator:
         gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
         if gained > 0:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
-            self.pacer.record(kind, seconds, gained / len(batch.chunks), self._draft_step_s)
+            self.pacer.record(kind, seconds, gained / len(batch.chunks), self._draft_step_s if drafted else 0.0)
             if kind != "verified" and len(batch.chunks) == 1:  # a plain decode step of one sequence
                 step = seconds - (self._draft_step_s if drafted else 0.0)
                 self._decode_s = step if self._decode_s is None else (1 - DECODE_EMA) * self._decode_s + DECODE_EMA * step

@@ -1,0 +1,84 @@
+"""Whether drafting pays for itself, measured as decoding goes: the pacer keeps an
+account of the time speculation gained or lost against plain decoding, and pauses
+drafting while the account is overdrawn.
+
+Every step earns an allowance of ``MARGIN`` of a plain step per token and is charged its
+drafting; a step that verified drafts is also booked against plain decoding of the same
+tokens:
+
+    credit += MARGIN * tokens * plain_s - drafting
+    gain    = tokens * plain_s - (seconds - drafting)          (steps that verified)
+
+(``tokens`` each sequence gained on average, ``plain_s`` the seconds of a plain step of
+the batch; a plain step earns MARGIN * seconds).  A gain is banked, up to
+``CREDIT_STEPS`` plain steps, and the bank shrinks by ``KEEP`` a drafting step, so recent
+gains pay for losses and old ones do not.  A loss (a verification that kept less than it
+cost) is paid from the bank down to zero and never beyond: whether drafts are worth
+their rows is for their measured worth to decide (acceptance.py and the budget's
+pays-for-itself test), step by step; the pacer's part is what drafting costs.
+
+While the credit is below zero the steps decode plainly, so drafting costs at most
+MARGIN of the time beyond what it gains: a lookup that costs less than MARGIN of a step
+drafts on through text it finds nothing in, a dearer one every few steps, and a draft
+model catching up on the tokens it missed pauses for as long as that catch-up cost.  A
+code edit's copying banks enough to draft on through the prose between copies and to
+pay for the verifications that fail where the target leaves the text it copies.
+
+The plain figure is kept current by the plain steps and by the steps that drafted and
+verified nothing (their time less the drafting), and by one plain step every
+``PROBE_EVERY`` verifying steps; a step faster than the figure replaces it (the first
+ones may run before the process is warm; a figure left too slow would hide speculation
+that costs).
+"""
+
+from __future__ import annotations
+
+MARGIN = 0.05  # share of the plain steps' time that drafting may cost beyond what it gains
+CREDIT_STEPS = 16  # the most credit kept, in plain steps ...
+KEEP = 0.9  # ... and the share of it a drafting step keeps: recent gains pay for losses, old ones do not
+EMA = 0.3  # weight of the newest plain step in plain_s, where it is not faster
+PROBE_EVERY = 64  # verifying steps between plain ones that keep plain_s current
+
+
+class Pacer:
+    """Step kinds: "verified" (drafts verified), "drafted" (drafting ran, nothing paid for
+    its row), "plain" (no drafting)."""
+
+    def __init__(self):
+        self.plain_s: float | None = None  # seconds per token per sequence of a step that verifies nothing
+        self.credit = 0.0  # seconds speculation is ahead of plain decoding (below 0: paused)
+        self.since_plain = 0  # verifying steps since the last plain one
+
+    def paused(self) -> bool:
+        """Whether this step decodes plainly without drafting (counts the step): before
+        the first plain step is timed, while the credit is overdrawn, and once every
+        PROBE_EVERY verifying steps, to keep plain_s current."""
+        if self.plain_s is None or self.credit < 0:
+            return True
+        if self.since_plain >= PROBE_EVERY:
+            self.since_plain = 0  # one step, recorded or not (a prompt chunk beside it is not timed)
+            return True
+        return False
+
+    def record(self, kind: str, seconds: float, tokens: float = 1.0, drafting: float = 0.0) -> None:
+        """A step of ``seconds``, in which each sequence gained ``tokens`` on average, and of
+        which ``drafting`` seconds went to drafting."""
+        if kind != "verified":  # a plain step, with its drafting where it drafted
+            now = (seconds - drafting) / tokens  # a faster plain step is taken whole: the first ones ran cold
+            self.plain_s = now if self.plain_s is None or now < self.plain_s else (1 - EMA) * self.plain_s + EMA * now
+        if kind == "plain":
+            self.since_plain = 0
+            self._book(MARGIN * seconds)
+            return
+        if self.plain_s is None:
+            return  # nothing to book against (paused() keeps this from happening)
+        if self.credit > 0:
+            self.credit *= KEEP
+        self._book(MARGIN * tokens * self.plain_s - drafting)
+        if kind == "verified":
+            self.since_plain += 1
+            gain = tokens * self.plain_s - (seconds - drafting)
+            self._book(gain if gain > 0 else max(gain, -max(self.credit, 0.0)))  # a loss empties the bank at most
+
+    def _book(self, seconds: float) -> None:
+        self.credit = min(self.credit + seconds, CREDIT_STEPS * self.plain_s)

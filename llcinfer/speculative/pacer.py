@@ -33,7 +33,7 @@ that costs).
 
 from __future__ import annotations
 
-MARGIN = 0.05  # share of the plain steps' time that drafting may cost beyond what it gains
+MARGIN = 0.02  # share of the plain steps' time that drafting may cost beyond what it gains
 CREDIT_STEPS = 16  # the most credit kept, in plain steps ...
 KEEP = 0.9  # ... and the share of it a drafting step keeps: recent gains pay for losses, old ones do not
 EMA = 0.3  # weight of the newest plain step in plain_s, where it is not faster

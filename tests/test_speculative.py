@@ -324,6 +324,18 @@ def test_pacer_keeps_its_plain_figure_current():
     assert fresh.paused() and not fresh.paused()  # a probe is one step, even when it went unrecorded
 
 
+def test_pacer_weighs_steps_by_the_tokens_they_gained():
+    """Verifications of 88 ms that keep 8 tokens and 1 token in turn take 9.8 ms a token
+    against plain's 30: the account gains (an average of the steps' own rates, 11 and 88
+    ms, would call it slower), and drafting goes on."""
+    pacer = Pacer()
+    pacer.record("plain", 0.030)
+    for i in range(40):
+        assert not pacer.paused()
+        pacer.record("verified", 0.088, tokens=1 if i % 2 else 8)
+    assert pacer.credit > 0.030
+
+
 def test_speculator_follows_the_decode_steps_it_measures():
     """Plain one-sequence steps (drafting time taken out) slower than the start-up
     measurement raise the verification cost's decode step and its bandwidth-bound rows;

@@ -228,9 +228,10 @@ class Speculator:
         gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
         if gained > 0:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
-            self.pacer.record(kind, seconds, gained / len(batch.chunks), self._draft_step_s if drafted else 0.0)
+            drafting = self._draft_step_s if drafted else 0.0
+            self.pacer.record(kind, seconds, gained / len(batch.chunks), drafting)
             if kind != "verified" and len(batch.chunks) == 1:  # a plain decode step of one sequence
-                step = seconds - (self._draft_step_s if drafted else 0.0)
+                step = seconds - drafting
                 self._decode_s = step if self._decode_s is None else (1 - DECODE_EMA) * self._decode_s + DECODE_EMA * step
 
     def prefilled(self, batch, n_running: int) -> None:

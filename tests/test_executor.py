@@ -105,6 +105,24 @@ def test_step_rows_chain_equals_token_by_token(tiny, qtype, dom):
     ex.close()
 
 
+def test_shortened_head_computes_the_first_logits_bit_for_bit(tiny):
+    """``head_rows``: the logits of the first token ids only, equal to the full head's
+    columns (a drafter's head); a count off the lanes is refused."""
+    m = Transformer(GGUFFile(tiny("Q8_0")))
+    full, short = DecodeExecutor(m, DOMAINS[1]), DecodeExecutor(m, DOMAINS[1], head_rows=128)
+    seqs = _prefilled(m, [[1, 5, 9, 2, 7], [3, 8, 6]])
+    want = full.step_rows(seqs, [[11, 4, 250], [7]])
+    for s, n in zip(seqs, (5, 3)):
+        s.truncate(n)
+    got = short.step_rows(seqs, [[11, 4, 250], [7]])
+    assert m.config.vocab_size > 128 and got.shape == (4, 128)
+    assert np.array_equal(got, want[:, :128])
+    with pytest.raises(ValueError, match="head_rows"):
+        DecodeExecutor(m, DOMAINS[1], head_rows=100)
+    full.close()
+    short.close()
+
+
 def test_executor_attention_splits_match_merge(tiny):
     """Long-context splits (partials + merge tasks) agree with one split to rounding, and a
     row merged beside a longer row (more slots than its own parts) gives the same bits."""

@@ -136,6 +136,38 @@ def test_greedy_identity_every_drafter_tiny_model(tiny, policy, executor, monkey
         assert st.verified > 0 and st.accepted > 0, spec
 
 
+@pytest.mark.parametrize("executor", [True, False])
+def test_draft_head_of_the_first_token_ids_stays_lossless(tiny, executor, monkeypatch):
+    """A draft model whose LM head covers the first 128 of 272 token ids proposes only
+    those, and greedy output stays plain greedy's where the answer needs the others."""
+    from llcinfer.speculative import draft_model
+
+    if not executor:
+        monkeypatch.setenv("LLCINFER_EXECUTOR", "0")
+    monkeypatch.setattr(draft_model, "HEAD_ROWS", 128)
+    proposed = []
+    propose = draft_model.DraftModelDrafter.propose_many
+    monkeypatch.setattr(draft_model.DraftModelDrafter, "propose_many",
+                        lambda self, asks: [proposed.append(t) or t for t in propose(self, asks)])
+    target, draft = tiny
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(1, 250, n)] for n in (4, 11, 23)]
+    plain = LLM(str(target), threads=2, n_ctx=512, n_seq=4)
+    want = _generate(plain, prompts)
+    plain.close()
+    llm = LLM(str(target), threads=2, n_ctx=512, n_seq=4, speculative=f"draft:{draft}")
+    assert (llm.engine.speculator.drafter.executor is not None) == executor
+    llm.engine.speculator.cost = FREE
+    got = _generate(llm, prompts)
+    st = llm.spec_stats
+    llm.close()
+    assert got == want
+    assert max(t for out in want for t in out) >= 128  # the answers need ids the head does not cover
+    drafted = np.concatenate([t.tokens for t in proposed])
+    assert len(drafted) and drafted.max() < 128
+    assert st.accepted > 0
+
+
 @pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_greedy_identity_real_model_code_edit(model, monkeypatch):
     """The lookup drafters on a real code edit; Qwen copies the function with the rename

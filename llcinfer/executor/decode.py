@@ -26,6 +26,7 @@ from ..kernels.sparse_reuse import A_CHOSE
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
 from .program import Program, Shapes, Tiles, build_program
+from .tiles import M_GROUPS
 from .step_args import pack
 from .step_kernel import step_prologue, step_prologue_rows
 from .workers import ExecutorError, WorkerPool
@@ -75,13 +76,18 @@ def unsupported_reason(model) -> str | None:
 class DecodeExecutor:
     """Decode steps of ``model`` on ``domains``' workers.  ``workers``: run on another
     executor's pool (a draft model's steps on the target's threads, one after the other;
-    same cores), which the owner closes."""
+    same cores), which the owner closes.  ``head_rows``: the LM head computes the logits of
+    the first ``head_rows`` token ids only (a drafter's shortened head; a multiple of the
+    vector lanes), all of them by default."""
 
-    def __init__(self, model, domains: Domains, workers: WorkerPool | None = None):
+    def __init__(self, model, domains: Domains, workers: WorkerPool | None = None, head_rows: int | None = None):
         why = unsupported_reason(model)
         if why:
             raise UnsupportedModelError(f"executor: {why}")
         c, w = model.config, model.weights
+        self.head_rows = c.vocab_size if head_rows is None else int(head_rows)
+        if not 0 < self.head_rows <= c.vocab_size or (self.head_rows < c.vocab_size and self.head_rows % lanes(w.output.isa)):
+            raise ValueError(f"executor: head_rows {head_rows} is not a multiple of the lanes up to {c.vocab_size}")
         self.model, self.domains = model, domains
         self.config = c
         lins = [[lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down] for lw in w.layers] + [[w.output]]
@@ -94,6 +100,7 @@ class DecodeExecutor:
         # [n_mats, 5] columns M_ADDR, M_GROUPS (of lanes rows), M_STRIDE (bytes per group), M_QT, M_KIND
         self.mat_table = np.array([[p.ctypes.data, p.shape[0], p.shape[1], int(lin.qtype), _KIND_INDEX[lin.act_kind]]
                                    for p, lin in zip(self.mats, flat)], np.int64).reshape(-1, 5)
+        self.mat_table[-1, M_GROUPS] = -(-self.head_rows // lanes(self.isa))  # the LM head's first head_rows rows
         ids, k = [], 0
         for group in lins:
             ids.append(tuple(range(k, k + len(group))))
@@ -106,7 +113,7 @@ class DecodeExecutor:
         masks.append(mask(w.output))
         # sparse attention (sparse/attention.py) on the pool it was enabled for, or None
         self.sparse = getattr(model, "sparse", None)
-        self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks),
+        self.shapes = Shapes(c, lanes(self.isa), tuple(ids), tuple(masks), self.head_rows,
                              tuple(self.sparse.kinds) if self.sparse is not None else ())
         self.attn_norm = np.stack([lw.attn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
         self.ffn_norm = np.stack([lw.ffn_norm for lw in w.layers]).astype(np.float32)  # [L, d]
@@ -189,7 +196,7 @@ class DecodeExecutor:
                 attn=np.zeros((M, H, D), f32),  # [M, H, D] attention output
                 gate=np.zeros((M, c.d_ff), f32), up=np.zeros((M, c.d_ff), f32), act=np.zeros((M, c.d_ff), f32),
                 ytmp=np.zeros((M, c.d_model), f32),  # [M, d] Wo / W_down tile outputs before the residual add
-                logits=np.zeros((M, c.vocab_size), f32),
+                logits=np.zeros((M, self.head_rows), f32),  # [M, head_rows]
                 rope_cs=np.zeros((M, self.model.inv_freq.shape[0], 2), f32),  # [M, D/2, 2] rope cos / sin per row
                 pmax=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax max
                 psum=np.zeros((M * KVH * n_splits, G), f32),  # [M*KVH*S, G] partial softmax sum
@@ -258,7 +265,7 @@ class DecodeExecutor:
                     sp_counts=self.sparse_counts)
 
     def step(self, seqs: list, tokens, copy: bool = True) -> np.ndarray:
-        """One token for each sequence; returns logits  # [M, vocab]: a copy, or with
+        """One token for each sequence; returns logits  # [M, head_rows]: a copy, or with
         ``copy`` False the step's own buffer, valid until the next step of as many rows
         (the step loop, which reads them before it steps again).
 
@@ -277,7 +284,7 @@ class DecodeExecutor:
         and its own earlier rows (causal), so a drafted chain is verified in one step as
         plain decoding would compute it token by token.  ``index[i]`` False: sequence i's
         rows are a draft, not indexed for prefix sharing (PagedSequence.finish).  Returns
-        logits  # [rows, vocab], the sequences' rows in order (``copy`` as for ``step``)."""
+        logits  # [rows, head_rows], the sequences' rows in order (``copy`` as for ``step``)."""
         lists = [_token_ids(t, self.config.vocab_size) for t in token_lists]
         if len(lists) != len(seqs) or not seqs or not all(lists):
             raise ValueError(f"executor step: {len(lists)} token lists for {len(seqs)} sequences (none empty)")

@@ -47,6 +47,7 @@ class Shapes:
     lanes: int
     mat_ids: tuple  # per layer (wq, wk, wv, wo, w_gate, w_up, w_down), then (lm_head,) at the end
     kmask: tuple  # per layer (qkv, wo, gate_up, down) activation-kind masks, then lm_head's
+    head_rows: int  # logits the LM head computes: the first head_rows token ids
     sparse: tuple = ()  # per layer "dense" | "full" | "shared" (sparse attention), or () for none
 
 
@@ -118,7 +119,7 @@ def build_program(s: Shapes, M: int, weight_workers: list[int], attn_workers: li
     t_wo, t_gu = _round_tile(tiles.wo, s.lanes), _round_tile(tiles.gate_up, s.lanes)
     t_dn, t_lm = _round_tile(tiles.down, s.lanes), _round_tile(tiles.lm_head, s.lanes)
     n_wo, n_gu = -(-c.d_model // t_wo), -(-c.d_ff // t_gu)
-    n_dn, n_lm = -(-c.d_model // t_dn), -(-c.vocab_size // t_lm)
+    n_dn, n_lm = -(-c.d_model // t_dn), -(-s.head_rows // t_lm)
     waits = 0
     qkv_ops, attn_ops, tail_ops, lm_ops = {}, {}, {}, {}
     down_done = {}

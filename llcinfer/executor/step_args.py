@@ -29,7 +29,7 @@ STEP_FIELDS = (
     ("up", "[M, d_ff] f32"),
     ("act", "[M, d_ff] f32 silu(gate) * up"),
     ("ytmp", "[M, d_model] f32 Wo / W_down tile outputs before the residual add"),
-    ("logits", "[M, vocab] f32"),
+    ("logits", "[M, head_rows] f32 (the first head_rows token ids: DecodeExecutor)"),
     # norms and biases
     ("attn_norm", "[L, d_model] f32"),
     ("ffn_norm", "[L, d_model] f32"),

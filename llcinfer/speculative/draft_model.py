@@ -6,7 +6,11 @@ proposal runs ``depth`` draft steps for every drafting request at once: the firs
 catches the sequence up (the tokens the target accepted since), each next one feeds the
 previous draft token.  The steps run on the draft's own DecodeExecutor sharing the
 target's worker threads (``use_executor``) where the draft model allows it, else as
-batched forwards.  Drafts are greedy (the draft's top-1), so the tree is
+batched forwards.  The draft's LM head computes the first ``HEAD_ROWS`` token ids only
+(FR-Spec's frequency-ranked draft vocabulary, arXiv 2502.14856; byte-pair vocabularies
+number their tokens in merge order, so the frequent tokens come first): the head of a
+large vocabulary is a good part of a small model's weights, and a token the draft cannot
+propose costs an acceptance at most, never correctness.  Drafts are greedy (the draft's top-1), so the tree is
 deterministic and the acceptance walk stays lossless; the root also gets the draft's
 next-best tokens as siblings.  A node's confidence is the draft's probability of its
 path (product of the draft's softmax probabilities along it).
@@ -25,6 +29,7 @@ from .tree import DraftTree
 _SIBLINGS = 2  # extra root children: the draft's 2nd and 3rd choices
 _MIN_CONF = 0.02  # a chain stops growing below this path confidence (see min_conf)
 _EXECUTOR_ROWS = 16  # longest catch-up a draft step runs on the executor
+HEAD_ROWS = 65536  # token ids the draft's LM head covers (the first ones)
 
 
 def check_draft_compatible(draft_cfg, target_cfg, draft_vocab: list[str], target_vocab: list[str],
@@ -55,29 +60,33 @@ class DraftModelDrafter:
         self.pool, self.prefix = model.new_pool(n_ctx, n_seq, None, prefix_sharing=False)
         self._seqs: dict[object, object] = {}  # request key -> its PagedSequence in the draft pool
         self.executor: DecodeExecutor | None = None
+        self.head_rows = min(HEAD_ROWS, model.config.vocab_size)  # draft tokens are ids below this
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
         """Run the draft steps on the target executor's domains and threads; False (batched
         forwards stay) when the draft model or its KV pool cannot run on an executor."""
         if unsupported_reason(self.model) is not None or self.pool.kind not in (KV_F16, KV_F32):
             return False
-        self.executor = DecodeExecutor(self.model, target_executor.domains, workers=target_executor.workers)
+        self.executor = DecodeExecutor(self.model, target_executor.domains, workers=target_executor.workers,
+                                       head_rows=self.head_rows)
         return True
 
     def price(self, decode_s: float, slope_s: float, target_bytes: int) -> None:
         """Stop drafting where the next token's path confidence no longer pays for its draft
         step (the target's decode step scaled by the weight bytes each streams) and its
         verification row: min_conf = (draft step + slope) / target decode step."""
-        draft_s = decode_s * self.model.weights.nbytes / max(target_bytes, 1)
+        w = self.model.weights
+        streamed = w.nbytes - w.output.nbytes * (1 - self.head_rows / self.model.config.vocab_size)  # the head it runs
+        draft_s = decode_s * streamed / max(target_bytes, 1)
         self.step_s = draft_s  # one draft step of one sequence (Speculator.can_pay)
         self.min_conf = float(min(0.9, max(_MIN_CONF, (draft_s + slope_s) / max(decode_s, 1e-9))))
 
     def _step(self, chunks: list) -> np.ndarray:
-        """Logits  # [len(chunks), vocab] at each chunk's last token; a catch-up of more than
-        ``_EXECUTOR_ROWS`` tokens (the prompt, at a request's first proposal) runs as a
+        """Logits  # [len(chunks), head_rows] at each chunk's last token; a catch-up of more
+        than ``_EXECUTOR_ROWS`` tokens (the prompt, at a request's first proposal) runs as a
         batched forward, as prefill does."""
         if self.executor is None or max(len(t) for _, t in chunks) > _EXECUTOR_ROWS:
-            return self.model.forward_chunks(chunks)
+            return self.model.forward_chunks(chunks)[:, :self.head_rows]
         logits = self.executor.step_rows([s for s, _ in chunks], [t for _, t in chunks])
         return logits[np.cumsum([len(t) for _, t in chunks]) - 1]
 

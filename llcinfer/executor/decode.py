@@ -26,9 +26,9 @@ from ..kernels.sparse_reuse import A_CHOSE
 from ..kernels.tables import F16_TO_F32
 from .atomics import COUNTER_STRIDE
 from .program import Program, Shapes, Tiles, build_program
-from .tiles import M_GROUPS
 from .step_args import pack
 from .step_kernel import step_prologue, step_prologue_rows
+from .tiles import M_GROUPS
 from .workers import ExecutorError, WorkerPool
 
 _KIND_BIT = {ACT_Q8_0: 1, ACT_Q8_K: 2}  # activation kind -> bit of a prologue's mask
@@ -86,7 +86,8 @@ class DecodeExecutor:
             raise UnsupportedModelError(f"executor: {why}")
         c, w = model.config, model.weights
         self.head_rows = c.vocab_size if head_rows is None else int(head_rows)
-        if not 0 < self.head_rows <= c.vocab_size or (self.head_rows < c.vocab_size and self.head_rows % lanes(w.output.isa)):
+        whole = self.head_rows == c.vocab_size or self.head_rows % lanes(w.output.isa) == 0
+        if not (0 < self.head_rows <= c.vocab_size and whole):
             raise ValueError(f"executor: head_rows {head_rows} is not a multiple of the lanes up to {c.vocab_size}")
         self.model, self.domains = model, domains
         self.config = c

@@ -10,10 +10,10 @@ batched forwards.  The draft's LM head computes the first ``HEAD_ROWS`` token id
 (FR-Spec's frequency-ranked draft vocabulary, arXiv 2502.14856; byte-pair vocabularies
 number their tokens in merge order, so the frequent tokens come first): the head of a
 large vocabulary is a good part of a small model's weights, and a token the draft cannot
-propose costs an acceptance at most, never correctness.  Drafts are greedy (the draft's top-1), so the tree is
-deterministic and the acceptance walk stays lossless; the root also gets the draft's
-next-best tokens as siblings.  A node's confidence is the draft's probability of its
-path (product of the draft's softmax probabilities along it).
+propose costs an acceptance at most, never correctness.  Drafts are greedy (the draft's
+top-1), so the tree is deterministic and the acceptance walk stays lossless; the root
+also gets the draft's next-best tokens as siblings.  A node's confidence is the draft's
+probability of its path (product of the draft's softmax probabilities along it).
 """
 
 from __future__ import annotations

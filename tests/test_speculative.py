@@ -160,8 +160,10 @@ def test_draft_head_of_the_first_token_ids_stays_lossless(tiny, executor, monkey
     llm.engine.speculator.cost = FREE
     got = _generate(llm, prompts)
     st = llm.spec_stats
+    row_s = llm.engine.speculator.drafter.row_s
     llm.close()
     assert got == want
+    assert row_s > 0  # the 23-token prompt's prefill timed the draft's catch-up rows
     assert max(t for out in want for t in out) >= 128  # the answers need ids the head does not cover
     drafted = np.concatenate([t.tokens for t in proposed])
     assert len(drafted) and drafted.max() < 128
@@ -490,6 +492,26 @@ def test_no_drafting_where_even_perfect_drafts_would_not_pay():
     sp.extend(batch, 64, 64)
     sp.prefilled(SimpleNamespace(chunks=[SimpleNamespace(start=0, tokens=[1, 2], request=reqs[0], tree=None)]), 4)
     assert Stub.calls == 0 and sp.stats.plain_steps == 1 and all(c.tree is None for c in batch.chunks)
+
+
+def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can_gain():
+    """A draft model 300 tokens behind (1 ms a token to catch up) drafts for a request with
+    many steps left (each 10 ms), not for one two steps from its end."""
+    class Behind(NgramDrafter):
+        def catch_up_s(self, key, tokens):
+            return 300 * 0.001
+
+        def propose_many(self, asks):
+            self.asked = [max_nodes for _, _, max_nodes in asks]
+            return [DraftTree.empty() for _ in asks]
+
+    sp = Speculator(Behind())
+    sp.cost, sp.pacer.plain_s = FREE, 0.010
+    reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=m),
+                            stats=SimpleNamespace(n_generated=2)) for i, m in enumerate((99, 5))]
+    batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs], n_tokens=2)
+    sp.extend(batch, 64, 64)
+    assert sp.drafter.asked == [58, 0]  # 96 steps left (n_ctx 64 leaves 58): drafts; 2 left: none
 
 
 def test_gates_calibrate_on_separating_depths():

@@ -145,11 +145,14 @@ class Speculator:
         self._drafted = True
         t0 = time.perf_counter()
         asks = []
+        catch_up_s = getattr(self.drafter, "catch_up_s", None)
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
-            room = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1, _MAX_NODES_PER_SEQ)
-            asks.append((req.id, req.tokens, max(0, room)))
+            left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
+            if catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * self.pacer.plain_s:
+                left = 0  # catching the draft up costs more than every step it could save
+            asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
         if hasattr(self.drafter, "propose_many"):
             trees = self.drafter.propose_many(asks)
         else:

@@ -18,6 +18,8 @@ probability of its path (product of the draft's softmax probabilities along it).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..dtypes import KV_F16, KV_F32
@@ -61,6 +63,7 @@ class DraftModelDrafter:
         self._seqs: dict[object, object] = {}  # request key -> its PagedSequence in the draft pool
         self.executor: DecodeExecutor | None = None
         self.head_rows = min(HEAD_ROWS, model.config.vocab_size)  # draft tokens are ids below this
+        self.row_s = 0.0  # seconds per token of the last batched catch-up or prompt prefill (0: not yet timed)
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
         """Run the draft steps on the target executor's domains and threads; False (batched
@@ -86,9 +89,25 @@ class DraftModelDrafter:
         than ``_EXECUTOR_ROWS`` tokens (the prompt, at a request's first proposal) runs as a
         batched forward, as prefill does."""
         if self.executor is None or max(len(t) for _, t in chunks) > _EXECUTOR_ROWS:
-            return self.model.forward_chunks(chunks)[:, :self.head_rows]
+            return self._forward(chunks)[:, :self.head_rows]
         logits = self.executor.step_rows([s for s, _ in chunks], [t for _, t in chunks])
         return logits[np.cumsum([len(t) for _, t in chunks]) - 1]
+
+    def _forward(self, chunks: list) -> np.ndarray:
+        """``forward_chunks``; one of at least ``_EXECUTOR_ROWS`` tokens sets ``row_s``."""
+        t0 = time.perf_counter()
+        logits = self.model.forward_chunks(chunks)
+        rows = sum(len(t) for _, t in chunks)
+        if rows >= _EXECUTOR_ROWS:
+            self.row_s = (time.perf_counter() - t0) / rows
+        return logits
+
+    def catch_up_s(self, key, tokens: list[int]) -> float:
+        """Seconds, at least, that the next proposal for ``key`` spends reading the
+        request's ``tokens`` its draft sequence lacks (at ``row_s``; its rejected drafts
+        not counted)."""
+        seq = self._seqs.get(key)
+        return max(0, len(tokens) - (seq.n_tokens if seq is not None else 0)) * self.row_s
 
     def _seq(self, key):
         if key not in self._seqs:
@@ -152,7 +171,7 @@ class DraftModelDrafter:
             if seq.tokens == tokens[:seq.n_tokens] and len(tokens) > seq.n_tokens and len(tokens) + 1 < self.n_ctx:
                 chunks.append((seq, list(tokens[seq.n_tokens:])))
         if chunks:
-            self.model.forward_chunks(chunks)
+            self._forward(chunks)
 
     def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
         return self.propose_many([(key, tokens, max_nodes)])[0]

@@ -145,12 +145,12 @@ class Speculator:
         self._drafted = True
         t0 = time.perf_counter()
         asks = []
-        catch_up_s = getattr(self.drafter, "catch_up_s", None)
+        catch_up_s, plain_s = getattr(self.drafter, "catch_up_s", None), self.pacer.plain_s
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
-            if catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * self.pacer.plain_s:
+            if catch_up_s is not None and plain_s is not None and catch_up_s(req.id, req.tokens) > left * plain_s:
                 left = 0  # catching the draft up costs more than every step it could save
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
         if hasattr(self.drafter, "propose_many"):

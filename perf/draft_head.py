@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import numpy as np
 
 from llcinfer import LLM
 from llcinfer.bench.spec import SPEC_CTX, WORKLOADS
+from llcinfer.errors import LLCInferError, UsageError
 from llcinfer.executor import DecodeExecutor, default_domains
 from llcinfer.kv import PagedSequence
 from llcinfer.weights.repack_cache import wait_loaded
@@ -69,7 +71,19 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--target", default=None, help="also: the share of this model's answers the cut heads miss")
     a = ap.parse_args()
-    rows = [int(x) for x in a.rows.split(",") if x]
+    try:
+        run(a)
+    except (LLCInferError, ValueError) as exc:  # ValueError: a head size off the vector lanes
+        sys.exit(f"error: {exc}")
+
+
+def run(a) -> None:
+    parts = a.rows.split(",")
+    if not all(x.strip().isdigit() and int(x) > 0 for x in parts):
+        raise UsageError(f"--rows takes positive integers (got {a.rows!r})")
+    if min(a.ctx, a.steps - 4, a.repetitions) < 1:
+        raise UsageError("--ctx and --repetitions take at least 1, --steps at least 5 (the first 4 are not timed)")
+    rows = [int(x) for x in parts]
     llm = LLM(a.model, threads=a.threads, n_ctx=a.ctx + a.steps + 1, progress=False)
     model = llm.engine.model
     wait_loaded()

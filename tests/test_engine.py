@@ -116,6 +116,8 @@ def test_continuous_batching_refills_a_finished_slot(tiny):
         return run(batch)
 
     eng.runner.run = counting
+    eng.step()
+    assert len(eng.scheduler.running) + len(eng.scheduler.waiting) == 4 and eng.scheduler.n_concurrent == 2
     while not all(h.done for h in handles):
         eng.step()
     # request 0 ends after 2 tokens, request 2 takes its place in the very next step, and so on

@@ -495,23 +495,85 @@ def test_no_drafting_where_even_perfect_drafts_would_not_pay():
 
 
 def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can_gain():
-    """A draft model 300 tokens behind (1 ms a token to catch up) drafts for a request with
-    many steps left (each 10 ms), not for one two steps from its end."""
+    """A draft model 200 tokens behind (1 ms a token to catch up) drafts for a request with
+    many steps left (each two-sequence step 10 ms, its share 5 ms, 0.28 s to gain), not
+    for one two steps from its end."""
     class Behind(NgramDrafter):
         def catch_up_s(self, key, tokens):
-            return 300 * 0.001
+            return 200 * 0.001
 
         def propose_many(self, asks):
             self.asked = [max_nodes for _, _, max_nodes in asks]
             return [DraftTree.empty() for _ in asks]
 
     sp = Speculator(Behind())
-    sp.cost, sp.pacer.plain_s = FREE, 0.010
+    sp.cost, sp.pacer.plain_s = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010), 0.010
     reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=m),
                             stats=SimpleNamespace(n_generated=2)) for i, m in enumerate((99, 5))]
     batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs], n_tokens=2)
     sp.extend(batch, 64, 64)
     assert sp.drafter.asked == [58, 0]  # 96 steps left (n_ctx 64 leaves 58): drafts; 2 left: none
+
+
+class PromptReader(NgramDrafter):
+    """A drafter with its own model: 1 ms a prompt token to read."""
+
+    def __init__(self):
+        super().__init__()
+        self.read: list = []
+
+    def catch_up_s(self, key, tokens):
+        return len(tokens) * 0.001
+
+    def prefill(self, requests):
+        self.read += [key for key, _ in requests]
+
+
+def test_a_draft_model_reads_the_prompts_drafting_could_repay():
+    """Verifying any rows costs one 10 ms step: a request with 99 tokens to go could save
+    up to about 0.97 s drafting alone, 0.49 s with a second request decoding, so the draft
+    reads its 100-token prompt (0.1 s) and not a 2000-token one (2 s); once its drafts are
+    measured to be accepted one node in twenty (1.05x at best), not even the short one."""
+    cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
+    sp = Speculator(PromptReader())
+    sp.cost = cost
+    reqs = [SimpleNamespace(id=i, n_prompt=n, tokens=list(range(n)), params=SimpleNamespace(max_tokens=99))
+            for i, n in enumerate((100, 2000))]
+    batch = SimpleNamespace(chunks=[SimpleNamespace(start=0, tokens=r.tokens[:16], request=r, tree=None) for r in reqs])
+    sp.prefilled(batch, 2)
+    assert sp.drafter.read == [0]
+    assert sp.gain_s(2, 99) == pytest.approx(99 * 0.010 / 2 * (1 - 1 / 33))  # chains of 32 all accepted
+    for _ in range(10):  # one node in twenty accepted: a walk of one, 19 walks of none
+        sp.acceptance.observe(np.full(10, 0.5), np.arange(10) == 0)
+        for _ in range(18):
+            sp.acceptance.observe(np.full(10, 0.5), np.zeros(10, bool))
+    assert 0 < sp.acceptance.node_rate < 0.06  # the latest walks weigh most
+    sp.prefilled(batch, 1)
+    assert sp.drafter.read == [0]
+
+
+def test_acceptance_rate_per_node_counts_the_walks_a_rejection_ended():
+    acc = Acceptance()
+    assert acc.node_rate == 1.0  # trusted until measured
+    for _ in range(100):  # chains of 4: three accepted, then a rejection
+        acc.observe(np.full(4, 0.5), np.arange(4) < 3)
+    assert acc.node_rate == pytest.approx(0.75, abs=1e-3)
+    for _ in range(100):  # a tree whose walk accepted its chain and left the root's siblings
+        acc.observe(np.full(4, 0.5), np.arange(4) < 3, rejected=False)
+    assert acc.node_rate > 0.999
+
+
+def test_speedup_of_drafts_accepted_with_a_probability():
+    """Any number of rows verified in one plain step's time: one sequence speculating gets
+    1 + a + a^2 + ... tokens a step, two get as much each with half the rows apiece; a
+    3 ms draft step per token drafted makes deep chains cost."""
+    cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
+    assert cost.speedup(1, accept=1.0, max_rows=8) == pytest.approx(9.0)
+    assert cost.speedup(1, accept=0.5) == pytest.approx(2.0)
+    assert cost.speedup(2, accept=0.5) == pytest.approx(2.0)
+    assert cost.speedup(2, accept=0.5, max_rows=3) == pytest.approx((2 + 0.75 + 0.5) / 2)
+    assert cost.speedup(1, 0.003, accept=0.5) == pytest.approx(1.5 / 1.3)  # one row: 1.5 tokens in 13 ms
+    assert cost.can_pay(1, 0.003) and not cost.can_pay(1, 0.010 * 64)
 
 
 def test_gates_calibrate_on_separating_depths():

@@ -164,7 +164,7 @@ class Engine:
             if any(c.tree is not None for c in batch.chunks):
                 self.speculator.stats.verifications += 1
                 self.speculator.stats.verify_seconds += time.perf_counter() - now
-            self.speculator.prefilled(batch, len(self.scheduler.running))
+            self.speculator.prefilled(batch, self.scheduler.n_concurrent)
         if self.speculator is None:
             self._post_process(batch, logits)
         else:

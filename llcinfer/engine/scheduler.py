@@ -98,6 +98,12 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    @property
+    def n_concurrent(self) -> int:
+        """Requests that decode together once the waiting ones are admitted: the running
+        and the waiting, at most ``max_seqs``."""
+        return min(self.max_seqs, len(self.running) + len(self.waiting))
+
     def remove(self, req: Request) -> None:
         """Take a request out of the queues (finished or cancelled); its sequence is the
         caller's to free."""

@@ -82,7 +82,8 @@ class Speculator:
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
         """Time a verification of T rows (T in VERIFY_ROWS, one sequence after a 64-token
         prefix) and one plain decode step, medians; fit the knee and slope.  Verification
-        runs where the runner will run it: on its executor when it has one."""
+        runs where the runner will run it: on its executor when it has one.  A drafter with
+        its own model reads a 64-token prompt, which times its prompt tokens."""
         self.executor = runner.executor
         if self.executor is not None and hasattr(self.drafter, "use_executor"):
             self.drafter.use_executor(self.executor)
@@ -104,6 +105,10 @@ class Speculator:
                 seq.truncate(n0)
         finally:
             seq.free()
+        if hasattr(self.drafter, "prefill"):  # the draft's seconds per prompt token (catch_up_s), warm, before any prompt
+            for _ in range(2):
+                self.drafter.prefill([("prefill-cost", list(range(1, 65)))])
+                self.drafter.finish("prefill-cost", [])
         cost = VerifyCost.fit(rows, times, float(np.median(rep)))
         if self.budget is not None:
             cost.k_max = int(self.budget)
@@ -142,17 +147,21 @@ class Speculator:
         if self.pacer.paused():
             self.stats.plain_steps += 1
             return
-        self._drafted = True
         t0 = time.perf_counter()
         asks = []
-        catch_up_s, plain_s = getattr(self.drafter, "catch_up_s", None), self.pacer.plain_s
+        catch_up_s = getattr(self.drafter, "catch_up_s", None)
+        gain_per_step = self.gain_s(len(decoding), 1) if catch_up_s is not None else 0.0
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
-            if catch_up_s is not None and plain_s is not None and catch_up_s(req.id, req.tokens) > left * plain_s:
-                left = 0  # catching the draft up costs more than every step it could save
+            if catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * gain_per_step:
+                left = 0  # catching the draft up costs more than drafting could save
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
+        if not any(max_nodes for _, _, max_nodes in asks):
+            self.stats.plain_steps += 1
+            return  # no request has room to draft for: a plain step
+        self._drafted = True
         if hasattr(self.drafter, "propose_many"):
             trees = self.drafter.propose_many(asks)
         else:
@@ -203,6 +212,15 @@ class Speculator:
             known[n] = cost.can_pay(n, getattr(self.drafter, "step_s", 0.0), _MAX_NODES_PER_SEQ)
         return known[n]
 
+    def gain_s(self, n: int, steps: int) -> float:
+        """Seconds that drafting could save one of n sequences decoding over its next
+        ``steps`` tokens, at the drafts' measured acceptance per node: its share of as
+        many plain steps of n rows less the same at ``VerifyCost.speedup``; what a
+        catch-up of its draft sequence may cost at most."""
+        cost = self.current_cost()
+        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), self.acceptance.node_rate, _MAX_NODES_PER_SEQ)
+        return max(0, steps) * cost.plain_s(n) / n * max(0.0, 1.0 - 1.0 / speedup)
+
     def _pays(self, trees: list[DraftTree], cost: VerifyCost) -> list[DraftTree]:
         """Keep the number r of the best nodes (by confidence, across the trees) that
         maximises the step's expected tokens per second, (n + sum of their confidences) /
@@ -237,14 +255,19 @@ class Speculator:
                 step = seconds - drafting
                 self._decode_s = step if self._decode_s is None else (1 - DECODE_EMA) * self._decode_s + DECODE_EMA * step
 
-    def prefilled(self, batch, n_running: int) -> None:
+    def prefilled(self, batch, n_concurrent: int) -> None:
         """After a step: a drafter with its own model reads the prompt chunks that just ran,
         so its prompt is prefilled with the target's (before the first token), not at the
-        request's first proposal; not while the ``n_running`` requests could not pay for
-        drafting (``can_pay``: a proposal catches the prompt up if they ever can)."""
-        if not hasattr(self.drafter, "prefill") or self.cost is None or not self.can_pay(n_running):
+        request's first proposal; only for a request whose prompt, what the draft has not
+        read of it, costs less to read than drafting could save it with ``n_concurrent``
+        requests decoding (``gain_s``; nothing where even perfect drafts could not pay)."""
+        if not hasattr(self.drafter, "prefill") or self.cost is None or not self.can_pay(n_concurrent):
             return
         chunks = [c for c in batch.chunks if c.tree is None and c.start < c.request.n_prompt]
+        if chunks:
+            gain_per_step = self.gain_s(n_concurrent, 1)
+            chunks = [c for c in chunks if self.drafter.catch_up_s(c.request.id, c.request.tokens[:c.request.n_prompt])
+                      <= c.request.params.max_tokens * gain_per_step]
         if chunks:
             t0 = time.perf_counter()
             self.drafter.prefill([(c.request.id, c.request.tokens[:c.start + len(c.tokens)]) for c in chunks])
@@ -261,7 +284,9 @@ class Speculator:
         st.trees += 1
         st.verified += len(tree)
         st.accepted += len(path)
-        self.acceptance.observe(tree.conf / self._ratio, accepted)
+        last = path[-1] if path else -1
+        self.acceptance.observe(tree.conf / self._ratio, accepted,
+                                rejected=len(drawn) > len(path) and bool(np.any(tree.parents == last)))
         req.stats.spec_verified += len(tree)
         req.stats.spec_accepted += len(path)
         if self.gates is not None:

@@ -47,11 +47,16 @@ class VerifyCost:
     def seconds(self, rows: int) -> float:
         """t(rows): the curve interpolated where there is one (a row before the knee is
         not free), past its end and without one the fitted form."""
-        if self.curve_rows and rows <= self.curve_rows[-1]:
-            return float(np.interp(rows, self.curve_rows, self.curve_s))
-        if self.curve_rows:
-            return float(self.curve_s[-1] + self.slope_s * (rows - self.curve_rows[-1]))
-        return self.base_s + self.slope_s * max(0, rows - self.k_max)
+        return float(self.seconds_of(np.asarray(rows)))
+
+    def seconds_of(self, rows: np.ndarray) -> np.ndarray:
+        """``seconds`` of each entry of ``rows``."""
+        rows = np.asarray(rows, np.float64)
+        if not self.curve_rows:
+            return self.base_s + self.slope_s * np.maximum(0.0, rows - self.k_max)
+        last = self.curve_rows[-1]
+        return np.where(rows <= last, np.interp(rows, self.curve_rows, self.curve_s),
+                        self.curve_s[-1] + self.slope_s * (rows - last))
 
     def growth(self, n: int) -> float:
         """t(n) / t(1): how much longer a step of n rows takes than a step of one."""
@@ -61,14 +66,25 @@ class VerifyCost:
         """A plain decode step of n sequences: the decode step scaled by ``growth(n)``."""
         return self.decode_s * self.growth(n)
 
-    def can_pay(self, n: int, draft_step_s: float = 0.0, max_rows: int = 64) -> bool:
-        """Whether n sequences decoding could go faster speculating if every draft were
-        accepted: some r <= max_rows rows beyond the n roots, drafted in ceil(r / n) draft
-        steps of n rows (``draft_step_s`` one sequence's, scaled as this curve; 0 for
-        lookups), give more tokens per second than plain steps of n rows."""
+    def speedup(self, n: int, draft_step_s: float = 0.0, accept: float = 1.0, max_rows: int = 64) -> float:
+        """How many times faster n sequences decode speculating than in plain steps of n
+        rows, at best over r <= max_rows draft rows beyond the n roots: chains of
+        floor(r / n) or ceil(r / n) rows, drafted in ceil(r / n) draft steps of n rows
+        (``draft_step_s`` one sequence's, scaled as this curve; 0 for lookups), each node
+        accepted with probability ``accept`` where its parent was, so a chain of d rows
+        brings accept + accept^2 + ... + accept^d tokens besides its root's."""
         step = draft_step_s * self.growth(n)
         plain = n / self.plain_s(n)
-        return any((n + r) / (self.seconds(n + r) + -(-r // n) * step) > plain for r in range(1, max_rows + 1))
+        chain = np.concatenate([[0.0], np.cumsum(float(accept) ** np.arange(1, max_rows // n + 2))])  # [depth] tokens a chain of depth brings
+        r = np.arange(1, max_rows + 1)  # [r] draft rows beyond the roots
+        depth, deeper = np.divmod(r, n)  # ``deeper`` chains of depth + 1, the others of depth
+        tokens = n + deeper * chain[depth + 1] + (n - deeper) * chain[depth]
+        return float(np.max(tokens / (self.seconds_of(n + r) + -(-r // n) * step))) / plain
+
+    def can_pay(self, n: int, draft_step_s: float = 0.0, max_rows: int = 64) -> bool:
+        """Whether n sequences decoding could go faster speculating if every draft were
+        accepted (``speedup`` at acceptance 1)."""
+        return self.speedup(n, draft_step_s, 1.0, max_rows) > 1.0
 
     def max_paying_sequences(self, draft_step_s: float = 0.0, most: int = 64) -> int:
         """The largest n <= most at which ``can_pay``; 0 when none."""

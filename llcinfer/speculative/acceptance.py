@@ -13,6 +13,15 @@ Both verified drafts and drafts that were proposed but not verified count: an un
 chain is checked against the tokens plain decoding then produced (``shadow`` /
 ``resolve``), so a drafter that fell silent is noticed when its drafts become good again.
 
+The same walks give the drafts' acceptance rate per node, whatever their confidences:
+each node the walk reached was accepted or ended the walk, so
+
+    node_rate = accepted nodes / (accepted nodes + walks a rejection ended)
+
+(the estimate of a per-node acceptance probability from runs that end at the first
+failure; decayed as the ratio), which prices what drafting could gain before it is
+started (engine/speculation.py: whether a draft model reads a prompt).
+
 Whether speculating pays at all is the pacer's to judge (pacer.py).
 """
 
@@ -25,23 +34,34 @@ from .tree import DraftTree
 DECAY = 0.9  # weight of the history at each new observation
 PRIOR = 1.0  # claimed and accepted mass at start: ratio 1, trusted until measured
 MIN_RATIO = 0.01
+NODE_PRIOR = 4.0  # accepted nodes assumed at start: node_rate is 1 until walks are measured, and one walk does not overturn it
 
 
 class Acceptance:
     def __init__(self):
         self.claimed = PRIOR
         self.accepted = PRIOR
+        self.nodes_accepted = NODE_PRIOR  # decayed sums of node_rate's terms
+        self.walks_rejected = 0.0
         self._pending: dict[object, tuple[int, np.ndarray, np.ndarray]] = {}  # key -> (start, tokens, raw conf)
 
     @property
     def ratio(self) -> float:
         return float(min(1.0, max(MIN_RATIO, self.accepted / max(self.claimed, 1e-9))))
 
-    def observe(self, raw_conf: np.ndarray, accepted: np.ndarray) -> None:
-        """Nodes with drafter confidences ``raw_conf`` [n], ``accepted`` [n] bool."""
+    @property
+    def node_rate(self) -> float:
+        return self.nodes_accepted / (self.nodes_accepted + self.walks_rejected)
+
+    def observe(self, raw_conf: np.ndarray, accepted: np.ndarray, rejected: bool | None = None) -> None:
+        """One walk over nodes with drafter confidences ``raw_conf`` [n], ``accepted`` [n]
+        bool; ``rejected``: whether a rejected node ended it (None: a chain's, so where
+        some node was not accepted)."""
         if len(raw_conf):
             self.claimed = DECAY * self.claimed + float(np.sum(raw_conf))
             self.accepted = DECAY * self.accepted + float(np.sum(accepted))
+            self.nodes_accepted = DECAY * self.nodes_accepted + float(np.sum(accepted))
+            self.walks_rejected = DECAY * self.walks_rejected + float(not accepted.all() if rejected is None else rejected)
 
     def scale(self, tree: DraftTree, ratio: float) -> DraftTree:
         return tree if ratio == 1.0 else DraftTree(tree.tokens, tree.parents, tree.conf * ratio)

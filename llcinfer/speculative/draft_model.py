@@ -32,6 +32,7 @@ _SIBLINGS = 2  # extra root children: the draft's 2nd and 3rd choices
 _MIN_CONF = 0.02  # a chain stops growing below this path confidence (see min_conf)
 _EXECUTOR_ROWS = 16  # longest catch-up a draft step runs on the executor
 HEAD_ROWS = 65536  # token ids the draft's LM head covers (the first ones)
+_PRICED_ROWS = 64  # a forward of at least this many tokens times row_s (fewer: the weight stream dominates)
 
 
 def check_draft_compatible(draft_cfg, target_cfg, draft_vocab: list[str], target_vocab: list[str],
@@ -63,7 +64,7 @@ class DraftModelDrafter:
         self._seqs: dict[object, object] = {}  # request key -> its PagedSequence in the draft pool
         self.executor: DecodeExecutor | None = None
         self.head_rows = min(HEAD_ROWS, model.config.vocab_size)  # draft tokens are ids below this
-        self.row_s = 0.0  # seconds per token of the last batched catch-up or prompt prefill (0: not yet timed)
+        self.row_s = 0.0  # seconds per token of the last batched forward of _PRICED_ROWS or more (0: not yet timed)
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
         """Run the draft steps on the target executor's domains and threads; False (batched
@@ -94,11 +95,11 @@ class DraftModelDrafter:
         return logits[np.cumsum([len(t) for _, t in chunks]) - 1]
 
     def _forward(self, chunks: list) -> np.ndarray:
-        """``forward_chunks``; one of at least ``_EXECUTOR_ROWS`` tokens sets ``row_s``."""
+        """``forward_chunks``; one of at least ``_PRICED_ROWS`` tokens sets ``row_s``."""
         t0 = time.perf_counter()
         logits = self.model.forward_chunks(chunks)
         rows = sum(len(t) for _, t in chunks)
-        if rows >= _EXECUTOR_ROWS:
+        if rows >= _PRICED_ROWS:
             self.row_s = (time.perf_counter() - t0) / rows
         return logits
 

@@ -513,6 +513,10 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
     batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs], n_tokens=2)
     sp.extend(batch, 64, 64)
     assert sp.drafter.asked == [58, 0]  # 96 steps left (n_ctx 64 leaves 58): drafts; 2 left: none
+    for _ in range(40):  # drafts measured to fail: a catch-up is still priced at perfect drafts, or none would be
+        sp.acceptance.observe(np.full(4, 0.5), np.zeros(4, bool))  # proposed again to measure them by
+    sp.extend(batch, 64, 64)
+    assert sp.acceptance.node_rate < 0.01 and sp.drafter.asked == [58, 0]
 
 
 class PromptReader(NgramDrafter):

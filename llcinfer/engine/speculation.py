@@ -150,13 +150,13 @@ class Speculator:
         t0 = time.perf_counter()
         asks = []
         catch_up_s = getattr(self.drafter, "catch_up_s", None)
-        gain_per_step = self.gain_s(len(decoding), 1) if catch_up_s is not None else 0.0
+        gain_per_step = self.gain_s(len(decoding), 1, accept=1.0) if catch_up_s is not None else 0.0
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
             if catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * gain_per_step:
-                left = 0  # catching the draft up costs more than drafting could save
+                left = 0  # catching the draft up costs more than even perfect drafts could save
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
         if not any(max_nodes for _, _, max_nodes in asks):
             self.stats.plain_steps += 1
@@ -212,13 +212,17 @@ class Speculator:
             known[n] = cost.can_pay(n, getattr(self.drafter, "step_s", 0.0), _MAX_NODES_PER_SEQ)
         return known[n]
 
-    def gain_s(self, n: int, steps: int) -> float:
+    def gain_s(self, n: int, steps: int, accept: float | None = None) -> float:
         """Seconds that drafting could save one of n sequences decoding over its next
-        ``steps`` tokens, at the drafts' measured acceptance per node: its share of as
-        many plain steps of n rows less the same at ``VerifyCost.speedup``; what a
-        catch-up of its draft sequence may cost at most."""
+        ``steps`` tokens, each node accepted with probability ``accept`` (None: the
+        drafts' measured acceptance per node): its share of as many plain steps of n rows
+        less the same at ``VerifyCost.speedup``; what reading tokens into its draft
+        sequence may cost at most.  A prompt is priced at the measured acceptance, a
+        catch-up while decoding at 1: the measure moves only while drafts are proposed,
+        so a request it had stopped would never draft again."""
         cost = self.current_cost()
-        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), self.acceptance.node_rate, _MAX_NODES_PER_SEQ)
+        accept = self.acceptance.node_rate if accept is None else accept
+        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), accept, _MAX_NODES_PER_SEQ)
         return max(0, steps) * cost.plain_s(n) / n * max(0.0, 1.0 - 1.0 / speedup)
 
     def _pays(self, trees: list[DraftTree], cost: VerifyCost) -> list[DraftTree]:

@@ -82,8 +82,7 @@ class Speculator:
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
         """Time a verification of T rows (T in VERIFY_ROWS, one sequence after a 64-token
         prefix) and one plain decode step, medians; fit the knee and slope.  Verification
-        runs where the runner will run it: on its executor when it has one.  A drafter with
-        its own model reads a 64-token prompt, which times its prompt tokens."""
+        runs where the runner will run it: on its executor when it has one."""
         self.executor = runner.executor
         if self.executor is not None and hasattr(self.drafter, "use_executor"):
             self.drafter.use_executor(self.executor)
@@ -105,10 +104,6 @@ class Speculator:
                 seq.truncate(n0)
         finally:
             seq.free()
-        if hasattr(self.drafter, "prefill"):  # the draft's seconds per prompt token (catch_up_s), warm, before any prompt
-            for _ in range(2):
-                self.drafter.prefill([("prefill-cost", list(range(1, 65)))])
-                self.drafter.finish("prefill-cost", [])
         cost = VerifyCost.fit(rows, times, float(np.median(rep)))
         if self.budget is not None:
             cost.k_max = int(self.budget)

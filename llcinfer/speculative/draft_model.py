@@ -78,7 +78,12 @@ class DraftModelDrafter:
     def price(self, decode_s: float, slope_s: float, target_bytes: int) -> None:
         """Stop drafting where the next token's path confidence no longer pays for its draft
         step (the target's decode step scaled by the weight bytes each streams) and its
-        verification row: min_conf = (draft step + slope) / target decode step."""
+        verification row: min_conf = (draft step + slope) / target decode step.  Times
+        the draft's prompt tokens (``row_s``) on a 64-token prompt, read twice (the first
+        read runs cold)."""
+        for _ in range(2):
+            self.prefill([("price", list(range(1, _PRICED_ROWS + 1)))])
+            self.finish("price", [])
         w = self.model.weights
         streamed = w.nbytes - w.output.nbytes * (1 - self.head_rows / self.model.config.vocab_size)  # the head it runs
         draft_s = decode_s * streamed / max(target_bytes, 1)

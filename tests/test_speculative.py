@@ -136,6 +136,38 @@ def test_greedy_identity_every_drafter_tiny_model(tiny, policy, executor, monkey
         assert st.verified > 0 and st.accepted > 0, spec
 
 
+def test_staged_draft_takes_the_guessed_tokens_its_own_steps_would_draft(tiny):
+    """A guess rides in the draft's first step as extra rows: the chain equals the one the
+    draft model drafts alone token by token (path confidences too), the guess's tokens up
+    to its first wrong one taken from that one forward, and the draft's sequence holds the
+    request's tokens and the chain's after them, as drafting alone leaves it."""
+    from llcinfer.speculative.draft_model import DraftModelDrafter
+    model = Transformer(GGUFFile(tiny[1]))
+    tokens = [int(t) for t in np.random.default_rng(3).integers(1, 200, 37)]
+    drafters, steps = [], []
+    for _ in range(2):
+        d = DraftModelDrafter(model, 256, 2, depth=12)
+        d.min_conf = 0.0  # chains of the full depth
+        d.prefill([("a", tokens[:-1])])
+        calls = []
+        step = d._step
+        d._step = lambda chunks, want, step=step, calls=calls: calls.append(sum(want)) or step(chunks, want)
+        drafters.append(d)
+        steps.append(calls)
+    alone, staged = drafters
+    alone._guess = lambda key, toks, room: []
+    oracle = alone.propose("a", tokens, 13)  # a chain of 12, and one root sibling
+    chain = oracle.tokens[:12].tolist()
+    assert steps[0] == [1] * 12 and alone._seqs["a"].tokens == tokens + chain[:-1]
+    wrong = (chain[5] + 1) % model.config.vocab_size
+    staged._guess = lambda key, toks, room: (chain[:5] + [wrong] + chain[6:])[:room]
+    tree = staged.propose("a", tokens, 13)
+    assert tree.tokens.tolist() == oracle.tokens.tolist() and tree.parents.tolist() == oracle.parents.tolist()
+    np.testing.assert_allclose(tree.conf, oracle.conf, rtol=1e-5)
+    assert steps[1] == [13] + [1] * 6  # 12 guessed rows: up to the wrong one, 6 chain tokens from the first step
+    assert staged._seqs["a"].tokens == tokens + chain[:-1]
+
+
 @pytest.mark.parametrize("executor", [True, False])
 def test_draft_head_of_the_first_token_ids_stays_lossless(tiny, executor, monkeypatch):
     """A draft model whose LM head covers the first 128 of 272 token ids proposes only

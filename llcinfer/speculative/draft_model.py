@@ -14,6 +14,15 @@ propose costs an acceptance at most, never correctness.  Drafts are greedy (the 
 top-1), so the tree is deterministic and the acceptance walk stays lossless; the root
 also gets the draft's next-best tokens as siblings.  A node's confidence is the draft's
 probability of its path (product of the draft's softmax probabilities along it).
+
+Staged drafting (Spector and Re, arXiv 2308.04623): the draft model's own steps are
+speculated by prompt lookup.  Where the request's last tokens occur earlier in its prompt
+or output (``NgramDrafter``, matches of at least ``GUESS_MIN_MATCH`` tokens), the
+continuation found there rides in the proposal's first draft step as extra rows, and the
+draft's chain takes each guessed token its own top-1 agrees with, from one forward, before
+it steps token by token from the first disagreement (the guessed rows after it are
+truncated away).  The chain is what the draft model would have drafted alone, only longer
+for the same draft steps where the answer copies text.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from ..dtypes import KV_F16, KV_F32
 from ..errors import UsageError
 from ..executor import DecodeExecutor, unsupported_reason
 from ..kv import PagedSequence
+from .lookup import NgramDrafter
 from .tree import DraftTree
 
 _SIBLINGS = 2  # extra root children: the draft's 2nd and 3rd choices
@@ -33,6 +43,7 @@ _MIN_CONF = 0.02  # a chain stops growing below this path confidence (see min_co
 _EXECUTOR_ROWS = 16  # longest catch-up a draft step runs on the executor
 HEAD_ROWS = 65536  # token ids the draft's LM head covers (the first ones)
 _PRICED_ROWS = 64  # a forward of at least this many tokens times row_s (fewer: the weight stream dominates)
+GUESS_MIN_MATCH = 2  # shortest match of the request's last tokens whose continuation is guessed
 
 
 def check_draft_compatible(draft_cfg, target_cfg, draft_vocab: list[str], target_vocab: list[str],
@@ -65,6 +76,7 @@ class DraftModelDrafter:
         self.executor: DecodeExecutor | None = None
         self.head_rows = min(HEAD_ROWS, model.config.vocab_size)  # draft tokens are ids below this
         self.row_s = 0.0  # seconds per token of the last batched forward of _PRICED_ROWS or more (0: not yet timed)
+        self.lookup = NgramDrafter(min_match=GUESS_MIN_MATCH)  # guesses of the draft's chain (staged drafting)
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
         """Run the draft steps on the target executor's domains and threads; False (batched
@@ -90,23 +102,36 @@ class DraftModelDrafter:
         self.step_s = draft_s  # one draft step of one sequence (Speculator.can_pay)
         self.min_conf = float(min(0.9, max(_MIN_CONF, (draft_s + slope_s) / max(decode_s, 1e-9))))
 
-    def _step(self, chunks: list) -> np.ndarray:
-        """Logits  # [len(chunks), head_rows] at each chunk's last token; a catch-up of more
-        than ``_EXECUTOR_ROWS`` tokens (the prompt, at a request's first proposal) runs as a
-        batched forward, as prefill does."""
+    def _step(self, chunks: list, want: list[int]) -> list[np.ndarray]:
+        """Logits  # [want[i], head_rows] at the last ``want[i]`` tokens of each chunk i; a
+        chunk of more than ``_EXECUTOR_ROWS`` tokens (the prompt, at a request's first
+        proposal) runs all of them as a batched forward, as prefill does."""
+        ends = np.cumsum([len(t) for _, t in chunks])
+        rows = np.concatenate([np.arange(e - w, e) for e, w in zip(ends, want)])  # [sum(want)]
         if self.executor is None or max(len(t) for _, t in chunks) > _EXECUTOR_ROWS:
-            return self._forward(chunks)[:, :self.head_rows]
-        logits = self.executor.step_rows([s for s, _ in chunks], [t for _, t in chunks])
-        return logits[np.cumsum([len(t) for _, t in chunks]) - 1]
+            logits = self._forward(chunks, rows)[:, :self.head_rows]
+        else:
+            logits = self.executor.step_rows([s for s, _ in chunks], [t for _, t in chunks])[rows]
+        return np.split(logits, np.cumsum(want)[:-1])
 
-    def _forward(self, chunks: list) -> np.ndarray:
+    def _forward(self, chunks: list, logit_rows: np.ndarray | None = None) -> np.ndarray:
         """``forward_chunks``; one of at least ``_PRICED_ROWS`` tokens sets ``row_s``."""
         t0 = time.perf_counter()
-        logits = self.model.forward_chunks(chunks)
+        logits = self.model.forward_chunks(chunks, logit_rows)
         rows = sum(len(t) for _, t in chunks)
         if rows >= _PRICED_ROWS:
             self.row_s = (time.perf_counter() - t0) / rows
         return logits
+
+    def _guess(self, key, tokens: list[int], room: int) -> list[int]:
+        """At most ``room`` tokens that may follow ``tokens``, looked up in the request's own
+        prompt and output (module doc), cut before the first the draft's head cannot
+        propose."""
+        if room <= 0:
+            return []
+        guess = self.lookup.propose(key, tokens, room).best_chain().tokens.tolist()[:room]
+        cut = next((i for i, t in enumerate(guess) if t >= self.head_rows), len(guess))
+        return guess[:cut]
 
     def catch_up_s(self, key, tokens: list[int]) -> float:
         """Seconds, at least, that the next proposal for ``key`` spends reading the
@@ -123,7 +148,7 @@ class DraftModelDrafter:
     def propose_many(self, requests: list[tuple[object, list[int], int]]) -> list[DraftTree]:
         """A tree for each (key, tokens, max_nodes), drafted together (module doc)."""
         out = [DraftTree.empty() for _ in requests]
-        live, chunks = [], []  # live: [request index, seq, draft tokens, confidences, max nodes, root siblings]
+        live, chunks, want = [], [], []  # live: [request index, seq, draft tokens, confidences, max nodes, root siblings, guess]
         for r, (key, tokens, max_nodes) in enumerate(requests):
             if max_nodes <= 0 or len(tokens) + 1 >= self.n_ctx:
                 continue
@@ -132,23 +157,32 @@ class DraftModelDrafter:
             while common < stop and seq.tokens[common] == tokens[common]:
                 common += 1
             seq.truncate(common)
-            chunks.append((seq, tokens[common:]))
-            live.append((r, seq, [], [], max_nodes, []))
+            catch_up = tokens[common:]
+            room = min(max_nodes - 1, _EXECUTOR_ROWS - len(catch_up), self.n_ctx - len(tokens) - 2)
+            guess = self._guess(key, tokens, room)
+            chunks.append((seq, catch_up + guess))
+            want.append(1 + len(guess))
+            live.append((r, seq, [], [], max_nodes, [], guess))
         while chunks:
-            logits = self._step(chunks)  # [n live, vocab] at each chunk's last token
-            chunks, still = [], []
-            for (r, seq, toks, conf, cap, siblings), row in zip(live, logits):
-                p = _softmax(row.astype(np.float64))  # [vocab]
-                first = not toks
-                order = np.argsort(-p)[:1 + _SIBLINGS] if first else [int(np.argmax(p))]
-                path_conf = conf[-1] if conf else 1.0
-                if first:
-                    siblings.extend((int(t), float(p[t])) for t in order[1:])
-                toks.append(int(order[0]))
-                conf.append(path_conf * float(p[order[0]]))
+            logits = self._step(chunks, want)  # [want[i], vocab] per live request
+            chunks, want, still = [], [], []
+            for (r, seq, toks, conf, cap, siblings, guess), rows in zip(live, logits):
+                read = seq.n_tokens - len(guess)  # tokens the draft holds for real; the guess after them
+                for j, row in enumerate(rows):
+                    p = _softmax(row.astype(np.float64))  # [vocab]
+                    first = not toks
+                    order = np.argsort(-p)[:1 + _SIBLINGS] if first else [int(np.argmax(p))]
+                    if first:
+                        siblings.extend((int(t), float(p[t])) for t in order[1:])
+                    toks.append(int(order[0]))
+                    conf.append((conf[-1] if conf else 1.0) * float(p[order[0]]))
+                    if not (j < len(guess) and guess[j] == toks[-1] and len(toks) < cap and conf[-1] >= self.min_conf):
+                        break  # row j + 1 followed a token the draft does not propose
+                seq.truncate(read + j)  # the guessed tokens the chain took stay read
                 if len(toks) < min(self.depth, cap) and conf[-1] >= self.min_conf and seq.n_tokens + 2 < self.n_ctx:
                     chunks.append((seq, [toks[-1]]))
-                    still.append((r, seq, toks, conf, cap, siblings))
+                    want.append(1)
+                    still.append((r, seq, toks, conf, cap, siblings, []))
                 else:
                     out[r] = self._tree(toks, conf, siblings, cap)
             live = still
@@ -183,6 +217,7 @@ class DraftModelDrafter:
         return self.propose_many([(key, tokens, max_nodes)])[0]
 
     def finish(self, key, tokens: list[int]) -> None:
+        self.lookup.finish(key, tokens)
         seq = self._seqs.pop(key, None)
         if seq is not None:
             seq.free()

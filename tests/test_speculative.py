@@ -551,6 +551,36 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
     assert sp.acceptance.node_rate < 0.01 and sp.drafter.asked == [58, 0]
 
 
+def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_decode():
+    """Debt from failed drafts pauses drafting for the request that ran them and for one
+    that joins it, not for requests that start decoding after them: those draft at once."""
+    class Counting(NgramDrafter):
+        proposed: list = []
+
+        def propose(self, key, tokens, max_nodes):
+            self.proposed.append(key)
+            return DraftTree.empty()
+
+    sp = Speculator(Counting())
+    sp.cost, sp.pacer.plain_s = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010), 0.010
+
+    def step(ids):
+        reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
+                                stats=SimpleNamespace(n_generated=2)) for i in ids]
+        batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs],
+                                n_tokens=len(reqs))
+        sp.extend(batch, 64, 64)
+
+    step([0])
+    assert sp.drafter.proposed == [0]
+    sp.pacer.credit = -0.05  # its drafts failed
+    step([0])
+    step([0, 1])
+    assert sp.drafter.proposed == [0] and sp.pacer.credit == -0.05
+    step([2, 3])
+    assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == 0.0
+
+
 class PromptReader(NgramDrafter):
     """A drafter with its own model: 1 ms a prompt token to read."""
 

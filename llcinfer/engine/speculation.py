@@ -77,6 +77,7 @@ class Speculator:
         self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
         self._cost_now: tuple | None = None  # (cost it came from, decode_s it used, VerifyCost)
         self._can_pay: tuple = (None, {})  # (the cost it was judged on, {sequences decoding: can_pay})
+        self._decoding: set = set()  # ids of the requests decoding at the last step (Pacer.fresh)
 
     # ------------------------------------------------------------------ start-up
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
@@ -136,6 +137,10 @@ class Speculator:
                     if len(c.tokens) == 1 and c.start >= c.request.n_prompt and c.start == len(c.request.tokens) - 1]
         if not decoding or self.cost is None:
             return
+        ids = {c.request.id for c in decoding}
+        if not ids & self._decoding:
+            self.pacer.fresh()  # none of these decoded at the last step: a new workload
+        self._decoding = ids
         if not self.can_pay(len(decoding)):
             self.stats.plain_steps += 1
             return

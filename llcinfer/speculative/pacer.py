@@ -24,6 +24,11 @@ model catching up on the tokens it missed pauses for as long as that catch-up co
 code edit's copying banks enough to draft on through the prose between copies and to
 pay for the verifications that fail where the target leaves the text it copies.
 
+An account overdrawn on earlier requests is forgiven when a new set of requests starts
+decoding (``fresh``): what drafting lost on other text says little about a new prompt's,
+so each new workload gets one probe; under load the decoding set overlaps from one step
+to the next and the account carries on.
+
 The plain figure is kept current by the plain steps and by the steps that drafted and
 verified nothing (their time less the drafting), and by one plain step every
 ``PROBE_EVERY`` verifying steps; a step faster than the figure replaces it (the first
@@ -59,6 +64,10 @@ class Pacer:
             self.since_plain = 0  # one step, recorded or not (a prompt chunk beside it is not timed)
             return True
         return False
+
+    def fresh(self) -> None:
+        """A new set of requests decodes: an overdrawn account starts again at zero."""
+        self.credit = max(self.credit, 0.0)
 
     def record(self, kind: str, seconds: float, tokens: float = 1.0, drafting: float = 0.0) -> None:
         """A step of ``seconds``, in which each sequence gained ``tokens`` on average, and of

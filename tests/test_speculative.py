@@ -553,7 +553,9 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
 
 def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_decode():
     """Debt from failed drafts pauses drafting for the request that ran them and for one
-    that joins it, not for requests that start decoding after them: those draft at once."""
+    that joins it, not for requests that start decoding after them: those draft at once,
+    where drafts of the measured worth could pay for as many sequences as are running and
+    waiting."""
     class Counting(NgramDrafter):
         proposed: list = []
 
@@ -562,14 +564,15 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
             return DraftTree.empty()
 
     sp = Speculator(Counting())
-    sp.cost, sp.pacer.plain_s = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010), 0.010
+    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010, 0.0105, 0.011, 0.020, 0.041, 0.083, 0.167], decode_s=0.010)
+    sp.pacer.plain_s = 0.010
 
-    def step(ids):
+    def step(ids, n_concurrent=1):
         reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
                                 stats=SimpleNamespace(n_generated=2)) for i in ids]
         batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs],
                                 n_tokens=len(reqs))
-        sp.extend(batch, 64, 64)
+        sp.extend(batch, 64, 64, n_concurrent)
 
     step([0])
     assert sp.drafter.proposed == [0]
@@ -579,6 +582,13 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
     assert sp.drafter.proposed == [0] and sp.pacer.credit == -0.05
     step([2, 3])
     assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == 0.0
+    sp.pacer.credit = -0.05
+    step([4], n_concurrent=8)  # its first decode step, 7 prompts still to run: 8 sequences, rows compute-bound
+    assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == -0.05
+    for _ in range(40):  # drafts measured to fail: at that worth no probe could pay for itself
+        sp.acceptance.observe(np.full(4, 0.5), np.zeros(4, bool))
+    step([5, 6])
+    assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == -0.05
 
 
 class PromptReader(NgramDrafter):

@@ -150,7 +150,7 @@ class Engine:
             return bool(batch.failed)
         t_start = time.perf_counter()
         if self.speculator is not None:
-            self.speculator.extend(batch, self.n_ctx, self.scheduler.max_step_tokens)
+            self.speculator.extend(batch, self.n_ctx, self.scheduler.max_step_tokens, self.scheduler.n_concurrent)
         now = time.perf_counter()
         for c in batch.chunks:
             c.request.mark_scheduled(now)

@@ -131,15 +131,20 @@ class Speculator:
         return now
 
     # ------------------------------------------------------------------ per step
-    def extend(self, batch, n_ctx: int, max_step_tokens: int) -> None:
-        """Give the decoding chunks of ``batch`` their verification trees (module doc)."""
+    def extend(self, batch, n_ctx: int, max_step_tokens: int, n_concurrent: int = 1) -> None:
+        """Give the decoding chunks of ``batch`` their verification trees (module doc).
+        A catch-up, and a fresh account for a new workload, are priced with as many
+        sequences decoding as the decoding chunks or ``n_concurrent`` (the requests running
+        and waiting), whichever is more: a request that decodes while the others' prompts
+        run will share its steps with them."""
         decoding = [c for c in batch.chunks
                     if len(c.tokens) == 1 and c.start >= c.request.n_prompt and c.start == len(c.request.tokens) - 1]
         if not decoding or self.cost is None:
             return
+        n = max(len(decoding), n_concurrent)
         ids = {c.request.id for c in decoding}
-        if not ids & self._decoding:
-            self.pacer.fresh()  # none of these decoded at the last step: a new workload
+        if not ids & self._decoding and self.gain_s(n, 1) > 0:
+            self.pacer.fresh()  # a new workload, where drafts of the measured worth could pay for it
         self._decoding = ids
         if not self.can_pay(len(decoding)):
             self.stats.plain_steps += 1
@@ -150,7 +155,7 @@ class Speculator:
         t0 = time.perf_counter()
         asks = []
         catch_up_s = getattr(self.drafter, "catch_up_s", None)
-        gain_per_step = self.gain_s(len(decoding), 1, accept=1.0) if catch_up_s is not None else 0.0
+        gain_per_step = self.gain_s(n, 1, accept=1.0) if catch_up_s is not None else 0.0
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)

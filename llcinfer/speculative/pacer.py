@@ -25,9 +25,10 @@ code edit's copying banks enough to draft on through the prose between copies an
 pay for the verifications that fail where the target leaves the text it copies.
 
 An account overdrawn on earlier requests is forgiven when a new set of requests starts
-decoding (``fresh``): what drafting lost on other text says little about a new prompt's,
-so each new workload gets one probe; under load the decoding set overlaps from one step
-to the next and the account carries on.
+decoding (``fresh``; the speculator calls it where drafts of their measured worth could
+pay for that many sequences): what drafting lost on other text says little about a new
+prompt's, so each new workload gets one probe; under load the decoding set overlaps from
+one step to the next and the account carries on.
 
 The plain figure is kept current by the plain steps and by the steps that drafted and
 verified nothing (their time less the drafting), and by one plain step every

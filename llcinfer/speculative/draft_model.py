@@ -148,7 +148,7 @@ class DraftModelDrafter:
     def propose_many(self, requests: list[tuple[object, list[int], int]]) -> list[DraftTree]:
         """A tree for each (key, tokens, max_nodes), drafted together (module doc)."""
         out = [DraftTree.empty() for _ in requests]
-        live, chunks, want = [], [], []  # live: [request index, seq, draft tokens, confidences, max nodes, root siblings, guess]
+        live, chunks, want = [], [], []  # live: [request, seq, draft tokens, confidences, max nodes, root siblings, guess]
         for r, (key, tokens, max_nodes) in enumerate(requests):
             if max_nodes <= 0 or len(tokens) + 1 >= self.n_ctx:
                 continue

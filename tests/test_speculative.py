@@ -168,6 +168,41 @@ def test_staged_draft_takes_the_guessed_tokens_its_own_steps_would_draft(tiny):
     assert staged._seqs["a"].tokens == tokens + chain[:-1]
 
 
+@pytest.mark.parametrize("vocab", [7, 1001, 65537])
+def test_draft_top_tokens_and_probabilities_equal_the_softmax_oracle(vocab):
+    from llcinfer.speculative.draft_model import _top
+    rng = np.random.default_rng(vocab)
+    for _ in range(5):
+        row = (3 * rng.standard_normal(vocab)).astype(np.float32)  # [vocab] logits
+        p = np.exp(row.astype(np.float64) - row.max())
+        p /= p.sum()
+        for k in (1, 3):
+            ids, probs = _top(row, k)
+            assert ids.tolist() == np.argsort(-p, kind="stable")[:k].tolist()
+            np.testing.assert_allclose(probs, p[ids], rtol=1e-5)
+
+
+def test_a_draft_models_step_price_follows_its_timed_steps(tiny):
+    """The draft step is priced from the weight bytes, then timed: every draft step of one
+    sequence and one token (not the first, which catches the sequence up) moves step_s,
+    and min_conf with it: (step + slope) / target decode step."""
+    from llcinfer.speculative.draft_model import DraftModelDrafter
+    model = Transformer(GGUFFile(tiny[1]))
+    d = DraftModelDrafter(model, 256, 2, depth=6)
+    d.price(0.010, 0.001, 4 * model.weights.nbytes)
+    assert d.step_s == pytest.approx(0.0025, rel=0.05) and d.min_conf == pytest.approx(0.35, rel=0.05)
+    timed = []
+    d._timed_step = timed.append
+    d.min_conf = 0.0  # chains of the full depth
+    tokens = [int(t) for t in np.random.default_rng(5).integers(1, 200, 20)]
+    d.propose("a", tokens, 6)
+    assert len(timed) == 5 and all(t > 0 for t in timed)  # a chain of 6: 1 + 5 steps
+    del d._timed_step
+    for _ in range(40):
+        d._timed_step(0.004)
+    assert d.step_s == pytest.approx(0.004) and d.min_conf == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("executor", [True, False])
 def test_draft_head_of_the_first_token_ids_stays_lossless(tiny, executor, monkeypatch):
     """A draft model whose LM head covers the first 128 of 272 token ids proposes only
@@ -245,7 +280,7 @@ def test_sampling_same_seed_same_tokens_and_target_distribution(tiny):
     plain = LLM(str(target), threads=1, n_ctx=256, n_seq=8)
     sp = LLM(str(target), threads=1, n_ctx=256, n_seq=8, speculative=f"draft:{draft}")
     sp.engine.speculator.cost = FREE
-    sp.engine.speculator.pacer.paused = lambda: False  # every request drafts, whatever drafting costs here
+    sp.engine.speculator.pacer.paused = lambda resume_s=0.0: False  # every request drafts, whatever drafting costs here
     triples = []
     for s in range(600):
         a = _generate(plain, [prompt], seed=s, **kw)[0]
@@ -390,16 +425,36 @@ def test_pacer_keeps_its_plain_figure_current():
     assert fresh.paused() and not fresh.paused()  # a probe is one step, even when it went unrecorded
 
 
+def test_a_new_workload_times_plain_decoding_again():
+    """Plain steps timed fast (a quiet minute) would make speculation look slow for the next
+    request, and ones timed slow make it look fast: when new requests decode, the next
+    step is plain and its time replaces the figure whole, slower or faster."""
+    pacer = Pacer()
+    pacer.record("plain", 0.008)
+    for _ in range(4):
+        assert not pacer.paused()
+        pacer.record("verified", 0.009, tokens=2)
+    pacer.fresh()
+    assert pacer.paused() and pacer.credit > 0  # the bank stays: only a debt is forgiven
+    pacer.record("plain", 0.012)
+    assert pacer.plain_s == 0.012 and not pacer.paused()
+    pacer.record("plain", 0.016)  # after it, a slower step moves the figure by EMA only
+    assert 0.012 < pacer.plain_s < 0.016
+
+
 def test_pacer_weighs_steps_by_the_tokens_they_gained():
     """Verifications of 88 ms that keep 8 tokens and 1 token in turn take 9.8 ms a token
     against plain's 30: the account gains (an average of the steps' own rates, 11 and 88
     ms, would call it slower), and drafting goes on."""
     pacer = Pacer()
     pacer.record("plain", 0.030)
+    plain = 0
     for i in range(40):
-        assert not pacer.paused()
+        if pacer.paused():
+            plain += 1
+            pacer.record("plain", 0.030)
         pacer.record("verified", 0.088, tokens=1 if i % 2 else 8)
-    assert pacer.credit > 0.030
+    assert pacer.credit > 0.030 and plain == 40 // PROBE_EVERY  # the probes of the plain figure only
 
 
 def test_speculator_follows_the_decode_steps_it_measures():
@@ -529,7 +584,8 @@ def test_no_drafting_where_even_perfect_drafts_would_not_pay():
 def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can_gain():
     """A draft model 200 tokens behind (1 ms a token to catch up) drafts for a request with
     many steps left (each two-sequence step 10 ms, its share 5 ms, 0.28 s to gain), not
-    for one two steps from its end."""
+    for one two steps from its end; once its drafts are measured to fail, only where the
+    request's last tokens occur earlier in its text (the drafter guesses a continuation)."""
     class Behind(NgramDrafter):
         def catch_up_s(self, key, tokens):
             return 200 * 0.001
@@ -543,19 +599,24 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
     reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=m),
                             stats=SimpleNamespace(n_generated=2)) for i, m in enumerate((99, 5))]
     batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs], n_tokens=2)
+    sp.extend(batch, 64, 64)  # new requests: a plain step first (Pacer.fresh)
     sp.extend(batch, 64, 64)
     assert sp.drafter.asked == [58, 0]  # 96 steps left (n_ctx 64 leaves 58): drafts; 2 left: none
-    for _ in range(40):  # drafts measured to fail: a catch-up is still priced at perfect drafts, or none would be
-        sp.acceptance.observe(np.full(4, 0.5), np.zeros(4, bool))  # proposed again to measure them by
+    for _ in range(40):  # drafts measured to fail: caught up only where the request's text repeats ...
+        sp.acceptance.observe(np.full(4, 0.5), np.zeros(4, bool))
+    sp.drafter.guesses, sp.drafter.asked = (lambda key, tokens: False), None
     sp.extend(batch, 64, 64)
-    assert sp.acceptance.node_rate < 0.01 and sp.drafter.asked == [58, 0]
+    assert sp.acceptance.node_rate < 0.01 and sp.drafter.asked is None  # a plain step
+    sp.drafter.guesses = lambda key, tokens: key == 0  # ... priced there at perfect drafts, or none would be
+    sp.extend(batch, 64, 64)  # proposed again to measure them by
+    assert sp.drafter.asked == [58, 0]
 
 
 def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_decode():
     """Debt from failed drafts pauses drafting for the request that ran them and for one
-    that joins it, not for requests that start decoding after them: those draft at once,
-    where drafts of the measured worth could pay for as many sequences as are running and
-    waiting."""
+    that joins it, not for requests that start decoding after them: those draft after one
+    plain step, where drafts of the measured worth could pay for as many sequences as are
+    running and waiting."""
     class Counting(NgramDrafter):
         proposed: list = []
 
@@ -574,14 +635,17 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
                                 n_tokens=len(reqs))
         sp.extend(batch, 64, 64, n_concurrent)
 
+    step([0])  # a new request: a plain step first
     step([0])
     assert sp.drafter.proposed == [0]
     sp.pacer.credit = -0.05  # its drafts failed
     step([0])
     step([0, 1])
     assert sp.drafter.proposed == [0] and sp.pacer.credit == -0.05
-    step([2, 3])
-    assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == 0.0
+    step([2, 3])  # a plain step that times plain decoding again ...
+    assert sp.drafter.proposed == [0] and sp.pacer.credit == 0.0
+    step([2, 3])  # ... then drafts
+    assert sp.drafter.proposed == [0, 2, 3]
     sp.pacer.credit = -0.05
     step([4], n_concurrent=8)  # its first decode step, 7 prompts still to run: 8 sequences, rows compute-bound
     assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == -0.05
@@ -589,6 +653,49 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
         sp.acceptance.observe(np.full(4, 0.5), np.zeros(4, bool))
     step([5, 6])
     assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == -0.05
+
+
+def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up():
+    """A draft model paused for an overdraft falls behind; resuming costs catching it up
+    (5 ms here).  It drafts again once the credit covers that, not as soon as the credit
+    is back to zero, and at once where the request's text repeats; a request that was
+    never paused drafts with any credit."""
+    class Lagging(NgramDrafter):
+        repeats, proposed = False, 0
+
+        def catch_up_s(self, key, tokens):
+            return 0.005
+
+        def guesses(self, key, tokens):
+            return self.repeats
+
+        def propose(self, key, tokens, max_nodes):
+            Lagging.proposed += 1
+            return DraftTree.empty()
+
+    sp = Speculator(Lagging())
+    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
+    sp.pacer.plain_s = 0.010
+    req = SimpleNamespace(id=0, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
+                          stats=SimpleNamespace(n_generated=2))
+    batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=req, tree=None)], n_tokens=1)
+    sp.extend(batch, 64, 64)  # a new request: a plain step first (Pacer.fresh)
+    sp.extend(batch, 64, 64)
+    assert Lagging.proposed == 1  # credit 0, never paused: the catch-up is a usual one
+    sp.pacer.credit = -0.001
+    sp.extend(batch, 64, 64)
+    sp.pacer.credit = 0.004
+    sp.extend(batch, 64, 64)
+    assert Lagging.proposed == 1 and sp.pacer.overdrawn
+    sp.drafter.repeats = True
+    sp.extend(batch, 64, 64)
+    assert Lagging.proposed == 2 and not sp.pacer.overdrawn
+    sp.drafter.repeats = False
+    sp.pacer.credit = -0.001
+    sp.extend(batch, 64, 64)
+    sp.pacer.credit = 0.006
+    sp.extend(batch, 64, 64)
+    assert Lagging.proposed == 3
 
 
 class PromptReader(NgramDrafter):

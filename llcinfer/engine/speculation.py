@@ -76,7 +76,7 @@ class Speculator:
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
         self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
         self._cost_now: tuple | None = None  # (cost it came from, decode_s it used, VerifyCost)
-        self._can_pay: tuple = (None, {})  # (the cost it was judged on, {sequences decoding: can_pay})
+        self._can_pay: tuple = (None, 0.0, {})  # (cost, draft step) judged on, {sequences decoding: can_pay}
         self._decoding: set = set()  # ids of the requests decoding at the last step (Pacer.fresh)
 
     # ------------------------------------------------------------------ start-up
@@ -149,19 +149,23 @@ class Speculator:
         if not self.can_pay(len(decoding)):
             self.stats.plain_steps += 1
             return
-        if self.pacer.paused():
+        catch_up_s = getattr(self.drafter, "catch_up_s", None)
+        if self.pacer.paused(self._resume_s(decoding) if catch_up_s is not None else 0.0):
             self.stats.plain_steps += 1
             return
         t0 = time.perf_counter()
         asks = []
-        catch_up_s = getattr(self.drafter, "catch_up_s", None)
-        gain_per_step = self.gain_s(n, 1, accept=1.0) if catch_up_s is not None else 0.0
+        if catch_up_s is not None:
+            gain_measured, gain_copying = self.gain_s(n, 1), self.gain_s(n, 1, accept=1.0)
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
-            if catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * gain_per_step:
-                left = 0  # catching the draft up costs more than even perfect drafts could save
+            if catch_up_s is not None:
+                lag_s = catch_up_s(req.id, req.tokens)
+                if lag_s > left * gain_measured and (lag_s > left * gain_copying
+                                                     or not self.drafter.guesses(req.id, req.tokens)):
+                    left = 0  # catching the draft up costs more than its drafts could save
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
         if not any(max_nodes for _, _, max_nodes in asks):
             self.stats.plain_steps += 1
@@ -205,16 +209,32 @@ class Speculator:
                 continue
             c.tokens, c.tree = tokens, tree
 
+    def _resume_s(self, decoding) -> float:
+        """What resuming drafting after an overdraft would cost beyond a usual draft step:
+        catching the cheapest request's draft up on the tokens it missed, nothing where a
+        request's text repeats (its continuation is looked up, and drafts there are
+        priced as copies).  Asked only while the pacer is overdrawn and its credit has
+        recovered."""
+        if not self.pacer.overdrawn or self.pacer.credit < 0:
+            return 0.0
+        lags = []
+        for c in decoding:
+            req = c.request
+            if self.drafter.guesses(req.id, req.tokens):
+                return 0.0
+            lags.append(self.drafter.catch_up_s(req.id, req.tokens))
+        return min(lags)
+
     def can_pay(self, n: int) -> bool:
         """``VerifyCost.can_pay`` for n sequences with this drafter's draft step (``step_s``
         of a draft model, 0 for lookups), on the current cost.  Where it is False, drafting
         and the drafter's prefill of the prompts are skipped."""
-        cost = self.current_cost()
-        if self._can_pay[0] is not cost:
-            self._can_pay = (cost, {})
-        known = self._can_pay[1]
+        cost, step_s = self.current_cost(), getattr(self.drafter, "step_s", 0.0)
+        if self._can_pay[0] is not cost or self._can_pay[1] != step_s:
+            self._can_pay = (cost, step_s, {})
+        known = self._can_pay[2]
         if n not in known:
-            known[n] = cost.can_pay(n, getattr(self.drafter, "step_s", 0.0), _MAX_NODES_PER_SEQ)
+            known[n] = cost.can_pay(n, step_s, _MAX_NODES_PER_SEQ)
         return known[n]
 
     def gain_s(self, n: int, steps: int, accept: float | None = None) -> float:
@@ -222,9 +242,11 @@ class Speculator:
         ``steps`` tokens, each node accepted with probability ``accept`` (None: the
         drafts' measured acceptance per node): its share of as many plain steps of n rows
         less the same at ``VerifyCost.speedup``; what reading tokens into its draft
-        sequence may cost at most.  A prompt is priced at the measured acceptance, a
-        catch-up while decoding at 1: the measure moves only while drafts are proposed,
-        so a request it had stopped would never draft again."""
+        sequence may cost at most.  A prompt, and a catch-up while decoding, are priced
+        at the measured acceptance; a catch-up where the request's text repeats (the
+        drafter guesses a continuation from its own tokens) at 1: the measure moves only
+        while drafts are verified, so without that a request it had stopped would never
+        draft again."""
         cost = self.current_cost()
         accept = self.acceptance.node_rate if accept is None else accept
         speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), accept, _MAX_NODES_PER_SEQ)

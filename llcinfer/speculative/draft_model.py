@@ -39,11 +39,13 @@ from .lookup import NgramDrafter
 from .tree import DraftTree
 
 _SIBLINGS = 2  # extra root children: the draft's 2nd and 3rd choices
+STEP_EMA = 0.3  # weight of the newest timed draft step in step_s
 _MIN_CONF = 0.02  # a chain stops growing below this path confidence (see min_conf)
 _EXECUTOR_ROWS = 16  # longest catch-up a draft step runs on the executor
 HEAD_ROWS = 65536  # token ids the draft's LM head covers (the first ones)
 _PRICED_ROWS = 64  # a forward of at least this many tokens times row_s (fewer: the weight stream dominates)
 GUESS_MIN_MATCH = 2  # shortest match of the request's last tokens whose continuation is guessed
+REPEAT_MATCH = 8  # a match this long: the request's text repeats (``guesses``); the longest looked up
 
 
 def check_draft_compatible(draft_cfg, target_cfg, draft_vocab: list[str], target_vocab: list[str],
@@ -57,9 +59,17 @@ def check_draft_compatible(draft_cfg, target_cfg, draft_vocab: list[str], target
                          f"({target_bytes / 2**20:.0f} MiB)")
 
 
-def _softmax(row: np.ndarray) -> np.ndarray:
-    e = np.exp(row - row.max())
-    return e / e.sum()
+def _top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely token ids of a logits ``row``  # [vocab], most likely first, and
+    their softmax probabilities: p_i = exp(l_i - max l) / sum_j exp(l_j - max l)."""
+    if k == 1:
+        ids = np.array([int(np.argmax(row))])
+    else:
+        ids = np.argpartition(row, -k)[-k:]
+        ids = ids[np.argsort(-row[ids], kind="stable")]
+    top = row[ids[0]]
+    z = float(np.exp(row - top, dtype=np.float32).sum(dtype=np.float64))
+    return ids, np.exp((row[ids] - top).astype(np.float64)) / z
 
 
 class DraftModelDrafter:
@@ -69,14 +79,15 @@ class DraftModelDrafter:
         self.model = model  # a Transformer: forward_chunks, new_pool
         self.depth = depth
         self.min_conf = _MIN_CONF  # path confidence below which drafting one more token costs more than it gains
-        self.step_s = 0.0  # seconds of one draft step of one sequence, once priced
+        self.step_s = 0.0  # seconds of one draft step of one sequence: priced, then timed (STEP_EMA)
+        self._decode_s = self._slope_s = 0.0  # the target's decode step and row slope (min_conf)
         self.n_ctx = n_ctx
         self.pool, self.prefix = model.new_pool(n_ctx, n_seq, None, prefix_sharing=False)
         self._seqs: dict[object, object] = {}  # request key -> its PagedSequence in the draft pool
         self.executor: DecodeExecutor | None = None
         self.head_rows = min(HEAD_ROWS, model.config.vocab_size)  # draft tokens are ids below this
         self.row_s = 0.0  # seconds per token of the last batched forward of _PRICED_ROWS or more (0: not yet timed)
-        self.lookup = NgramDrafter(min_match=GUESS_MIN_MATCH)  # guesses of the draft's chain (staged drafting)
+        self.lookup = NgramDrafter(max_match=REPEAT_MATCH, min_match=GUESS_MIN_MATCH)  # guesses (staged drafting)
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
         """Run the draft steps on the target executor's domains and threads; False (batched
@@ -89,8 +100,9 @@ class DraftModelDrafter:
 
     def price(self, decode_s: float, slope_s: float, target_bytes: int) -> None:
         """Stop drafting where the next token's path confidence no longer pays for its draft
-        step (the target's decode step scaled by the weight bytes each streams) and its
-        verification row: min_conf = (draft step + slope) / target decode step.  Times
+        step and its verification row: min_conf = (draft step + slope) / target decode
+        step.  The draft step is priced here as the target's decode step scaled by the
+        weight bytes each streams, then timed as drafting goes (``_timed_step``).  Times
         the draft's prompt tokens (``row_s``) on a 64-token prompt, read twice (the first
         read runs cold)."""
         for _ in range(2):
@@ -98,9 +110,18 @@ class DraftModelDrafter:
             self.finish("price", [])
         w = self.model.weights
         streamed = w.nbytes - w.output.nbytes * (1 - self.head_rows / self.model.config.vocab_size)  # the head it runs
-        draft_s = decode_s * streamed / max(target_bytes, 1)
-        self.step_s = draft_s  # one draft step of one sequence (Speculator.can_pay)
-        self.min_conf = float(min(0.9, max(_MIN_CONF, (draft_s + slope_s) / max(decode_s, 1e-9))))
+        self._decode_s, self._slope_s = decode_s, slope_s
+        self._set_step(decode_s * streamed / max(target_bytes, 1))
+
+    def _set_step(self, step_s: float) -> None:
+        self.step_s = step_s  # one draft step of one sequence (Speculator.can_pay)
+        self.min_conf = float(min(0.9, max(_MIN_CONF, (step_s + self._slope_s) / max(self._decode_s, 1e-9))))
+
+    def _timed_step(self, seconds: float) -> None:
+        """A draft step of one sequence and one token took ``seconds``, its logits' top
+        token included: step_s follows it (STEP_EMA) once priced."""
+        if self._decode_s > 0:
+            self._set_step((1 - STEP_EMA) * self.step_s + STEP_EMA * seconds)
 
     def _step(self, chunks: list, want: list[int]) -> list[np.ndarray]:
         """Logits  # [want[i], head_rows] at the last ``want[i]`` tokens of each chunk i; a
@@ -133,6 +154,12 @@ class DraftModelDrafter:
         cut = next((i for i, t in enumerate(guess) if t >= self.head_rows), len(guess))
         return guess[:cut]
 
+    def guesses(self, key, tokens: list[int]) -> bool:
+        """Whether the request's text repeats: its last ``REPEAT_MATCH`` tokens occur earlier
+        in its prompt or output, with a continuation the draft could take (``_guess``;
+        shorter ones, common phrases, turn up in any text)."""
+        return bool(self._guess(key, tokens, 1)) and self.lookup.match_length(key) >= REPEAT_MATCH
+
     def catch_up_s(self, key, tokens: list[int]) -> float:
         """Seconds, at least, that the next proposal for ``key`` spends reading the
         request's ``tokens`` its draft sequence lacks (at ``row_s``; its rejected drafts
@@ -164,18 +191,19 @@ class DraftModelDrafter:
             want.append(1 + len(guess))
             live.append((r, seq, [], [], max_nodes, [], guess))
         while chunks:
+            t0 = time.perf_counter()
+            one_token = len(chunks) == 1 and len(chunks[0][1]) == 1  # a step step_s prices
             logits = self._step(chunks, want)  # [want[i], vocab] per live request
             chunks, want, still = [], [], []
             for (r, seq, toks, conf, cap, siblings, guess), rows in zip(live, logits):
                 read = seq.n_tokens - len(guess)  # tokens the draft holds for real; the guess after them
                 for j, row in enumerate(rows):
-                    p = _softmax(row.astype(np.float64))  # [vocab]
                     first = not toks
-                    order = np.argsort(-p)[:1 + _SIBLINGS] if first else [int(np.argmax(p))]
+                    ids, p = _top(row, 1 + _SIBLINGS if first else 1)
                     if first:
-                        siblings.extend((int(t), float(p[t])) for t in order[1:])
-                    toks.append(int(order[0]))
-                    conf.append((conf[-1] if conf else 1.0) * float(p[order[0]]))
+                        siblings.extend((int(t), float(pt)) for t, pt in zip(ids[1:], p[1:]))
+                    toks.append(int(ids[0]))
+                    conf.append((conf[-1] if conf else 1.0) * float(p[0]))
                     if not (j < len(guess) and guess[j] == toks[-1] and len(toks) < cap and conf[-1] >= self.min_conf):
                         break  # row j + 1 followed a token the draft does not propose
                 seq.truncate(read + j)  # the guessed tokens the chain took stay read
@@ -185,6 +213,8 @@ class DraftModelDrafter:
                     still.append((r, seq, toks, conf, cap, siblings, []))
                 else:
                     out[r] = self._tree(toks, conf, siblings, cap)
+            if one_token:
+                self._timed_step(time.perf_counter() - t0)
             live = still
         return out
 

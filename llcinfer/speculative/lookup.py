@@ -158,6 +158,11 @@ class NgramDrafter:
         acc, tried = self._tally[n, copying]
         return float((acc + 9.0) / (tried + 10.0))
 
+    def match_length(self, key) -> int:
+        """Tokens of the suffix that the last proposal for ``key`` found (valid right after
+        a proposal that returned a tree)."""
+        return self._last_match.get(key, (0, 0))[0]
+
     def observe(self, key, n_accepted: int, n_deepest: int) -> None:
         """The target accepted ``n_accepted`` tokens of the last proposal for ``key``, whose
         deepest verified node was ``n_deepest`` deep."""

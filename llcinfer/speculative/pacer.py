@@ -19,8 +19,11 @@ pays-for-itself test), step by step; the pacer's part is what drafting costs.
 
 While the credit is below zero the steps decode plainly, so drafting costs at most
 MARGIN of the time beyond what it gains: a lookup that costs less than MARGIN of a step
-drafts on through text it finds nothing in, a dearer one every few steps, and a draft
-model catching up on the tokens it missed pauses for as long as that catch-up cost.  A
+drafts on through text it finds nothing in, a dearer one every few steps.  A draft model
+resumes only once the credit also covers catching up on the tokens it missed while
+paused (``paused(resume_s)``), which grows faster than MARGIN earns, so after a pause it
+drafts again where the text repeats (the speculator then asks for no such cover) or for
+the next requests.  A
 code edit's copying banks enough to draft on through the prose between copies and to
 pay for the verifications that fail where the target leaves the text it copies.
 
@@ -43,7 +46,7 @@ MARGIN = 0.02  # share of the plain steps' time that drafting may cost beyond wh
 CREDIT_STEPS = 16  # the most credit kept, in plain steps ...
 KEEP = 0.9  # ... and the share of it a drafting step keeps: recent gains pay for losses, old ones do not
 EMA = 0.3  # weight of the newest plain step in plain_s, where it is not faster
-PROBE_EVERY = 64  # verifying steps between plain ones that keep plain_s current
+PROBE_EVERY = 16  # verifying steps between plain ones that keep plain_s current
 
 
 class Pacer:
@@ -54,28 +57,42 @@ class Pacer:
         self.plain_s: float | None = None  # seconds per token per sequence of a step that verifies nothing
         self.credit = 0.0  # seconds speculation is ahead of plain decoding (below 0: paused)
         self.since_plain = 0  # verifying steps since the last plain one
+        self._retime = False  # the next plain step's time replaces plain_s whole (fresh)
+        self.overdrawn = False  # paused for an overdraft since the last drafting step
 
-    def paused(self) -> bool:
+    def paused(self, resume_s: float = 0.0) -> bool:
         """Whether this step decodes plainly without drafting (counts the step): before
-        the first plain step is timed, while the credit is overdrawn, and once every
-        PROBE_EVERY verifying steps, to keep plain_s current."""
-        if self.plain_s is None or self.credit < 0:
+        the first plain step is timed, while the credit is overdrawn, after an overdraft
+        until the credit also covers ``resume_s`` (what the first drafting step would cost
+        beyond a usual one: a draft model catching up on the tokens it missed), and once
+        every PROBE_EVERY verifying steps, to keep plain_s current."""
+        if self.plain_s is None:
             return True
+        if self.credit < (resume_s if self.overdrawn else 0.0):
+            self.overdrawn = True
+            return True
+        self.overdrawn = False
         if self.since_plain >= PROBE_EVERY:
             self.since_plain = 0  # one step, recorded or not (a prompt chunk beside it is not timed)
             return True
         return False
 
     def fresh(self) -> None:
-        """A new set of requests decodes: an overdrawn account starts again at zero."""
-        self.credit = max(self.credit, 0.0)
+        """A new set of requests decodes: an overdrawn account starts again at zero, and the
+        next step decodes plainly, its time taken whole as plain_s (the figure may be from
+        another moment of the host's, the cold steps after loading included)."""
+        self.credit, self.overdrawn = max(self.credit, 0.0), False
+        if self.plain_s is not None:
+            self.since_plain, self._retime = PROBE_EVERY, True
 
     def record(self, kind: str, seconds: float, tokens: float = 1.0, drafting: float = 0.0) -> None:
         """A step of ``seconds``, in which each sequence gained ``tokens`` on average, and of
         which ``drafting`` seconds went to drafting."""
         if kind != "verified":  # a plain step, with its drafting where it drafted
             now = (seconds - drafting) / tokens  # a faster plain step is taken whole: the first ones ran cold
-            self.plain_s = now if self.plain_s is None or now < self.plain_s else (1 - EMA) * self.plain_s + EMA * now
+            whole = self.plain_s is None or now < self.plain_s or self._retime
+            self.plain_s = now if whole else (1 - EMA) * self.plain_s + EMA * now
+            self._retime = False
         if kind == "plain":
             self.since_plain = 0
             self._book(MARGIN * seconds)

@@ -32,16 +32,20 @@ def test_fit_recovers_knee_and_slope():
 def test_a_slower_decode_step_raises_the_bandwidth_bound_rows_only():
     """Measured with a 21 ms decode step; the host's weight stream then slows to 30 ms a
     step: one row costs 30/21 of what it did and no step less, the compute-bound steps
-    (8 rows and more) are unchanged.  A faster decode step changes nothing."""
+    (8 rows and more) are unchanged.  A faster decode step (15 ms) moves the plain step
+    only, so drafts are judged to gain less, never more."""
     rows = [1, 2, 4, 8, 16]
     cost = VerifyCost.fit(rows, [0.020, 0.024, 0.030, 0.050, 0.090], decode_s=0.021)
-    slow = cost.with_slower_decode(0.030)
+    slow = cost.with_decode(0.030)
     first = 0.020 * 0.030 / 0.021
     assert slow.decode_s == 0.030 and slow.seconds(1) == pytest.approx(first)
     assert slow.seconds(2) == pytest.approx(first) and slow.seconds(4) == pytest.approx(0.030)
     assert slow.seconds(8) == 0.050 and slow.seconds(16) == 0.090
     assert slow.k_max >= cost.k_max and slow.break_even < cost.break_even
-    assert cost.with_slower_decode(0.015) is cost and cost.with_slower_decode(0.021) is cost
+    fast = cost.with_decode(0.015)
+    assert fast.decode_s == 0.015 and fast.curve_s == cost.curve_s and fast.k_max == cost.k_max
+    assert fast.speedup(1, 0.002, 0.7) < cost.speedup(1, 0.002, 0.7) < slow.speedup(1, 0.002, 0.7)
+    assert cost.with_decode(0.021) is cost
 
 
 def _predicted(workload_args, topology="epyc-9684x", threads=8, cal=None):

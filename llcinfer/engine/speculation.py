@@ -115,16 +115,16 @@ class Speculator:
 
     def current_cost(self) -> VerifyCost:
         """``cost`` as the host runs now: the start-up curve with the plain decode steps
-        measured since, where they got slower (VerifyCost.with_slower_decode): verifying
-        rows is compute-bound from a few rows on, a decode step is not, so speculation
-        pays more while the weight stream is slow.  Refitted when the decode time moves
-        by more than 2 %."""
+        measured since (VerifyCost.with_decode): verifying rows is compute-bound from a
+        few rows on, a decode step is not, so speculation pays more while the weight
+        stream is slow, and is judged to pay less while the plain steps run faster than
+        at start-up.  Refitted when the decode time moves by more than 2 %."""
         if self._decode_s is None:
             return self.cost
         cached = self._cost_now
         if cached is not None and cached[0] is self.cost and abs(self._decode_s / cached[1] - 1) <= 0.02:
             return cached[2]
-        now = self.cost.with_slower_decode(self._decode_s)
+        now = self.cost.with_decode(self._decode_s)
         if now is not self.cost and self.budget is not None:
             now.k_max = int(self.budget)
         self._cost_now = (self.cost, self._decode_s, now)

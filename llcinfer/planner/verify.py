@@ -18,7 +18,7 @@ perf/verify_cost.py the two side by side.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -98,14 +98,17 @@ class VerifyCost:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def with_slower_decode(self, decode_s: float) -> "VerifyCost":
-        """This cost once a plain decode step takes ``decode_s``, more than when it was
+    def with_decode(self, decode_s: float) -> "VerifyCost":
+        """This cost once a plain decode step takes ``decode_s``.  Slower than when it was
         measured: the weight stream has slowed (the host's bandwidth moved), the rows'
         compute has not, so one row costs what it did times decode_s / self.decode_s and
-        every larger step at least that.  A faster decode step leaves the cost as it is:
-        how much of each measured step was weight stream cannot be told from it."""
-        if decode_s <= self.decode_s or not self.curve_rows:
+        every larger step at least that.  Faster: the plain step alone is taken to have
+        sped up and the verification rows not, as how much of each measured step was
+        weight stream cannot be told from it: speculation is judged at its least."""
+        if decode_s == self.decode_s or not self.curve_rows:
             return self
+        if decode_s < self.decode_s:
+            return replace(self, decode_s=float(decode_s))
         first = self.curve_s[0] * decode_s / self.decode_s  # curve_rows[0] is 1
         sec = [first] + [max(t, first) for t in self.curve_s[1:]]
         return VerifyCost.fit(list(self.curve_rows), sec, decode_s)

@@ -74,13 +74,14 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     try:
-        (spec,), (workload,) = parse_specs(a.spec), parse_workloads(a.workload)
-        out = run(a.model, spec, workload, a.n, a.threads, a.pairs, lambda m: print(m, file=sys.stderr, flush=True))
-    except ValueError:
-        sys.exit("error: --spec and --workload take one name each")
+        specs, workloads = parse_specs(a.spec), parse_workloads(a.workload)
+        if len(specs) != 1 or len(workloads) != 1 or a.pairs < 1:
+            sys.exit("error: --spec and --workload take one name each, -r at least 1")
+        out = run(a.model, specs[0], workloads[0], a.n, a.threads, a.pairs,
+                  lambda m: print(m, file=sys.stderr, flush=True))
     except LLCInferError as exc:
         sys.exit(f"error: {exc}")
-    print(f"{a.model} {spec} {workload}: spec / plain TPOT median {out['median_ratio']:.3f}x "
+    print(f"{a.model} {specs[0]} {workloads[0]}: spec / plain TPOT median {out['median_ratio']:.3f}x "
           f"({out['min_ratio']:.3f}-{out['max_ratio']:.3f}) over {a.pairs} pairs, "
           f"{out['accepted_per_verification']:.2f} accepted per verification, "
           f"greedy output same as plain in {sum(r['same_as_plain'] for r in out['pairs'])}/{a.pairs}")

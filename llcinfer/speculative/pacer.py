@@ -46,7 +46,7 @@ MARGIN = 0.02  # share of the plain steps' time that drafting may cost beyond wh
 CREDIT_STEPS = 16  # the most credit kept, in plain steps ...
 KEEP = 0.9  # ... and the share of it a drafting step keeps: recent gains pay for losses, old ones do not
 EMA = 0.3  # weight of the newest plain step in plain_s, where it is not faster
-PROBE_EVERY = 16  # verifying steps between plain ones that keep plain_s current
+PROBE_EVERY = 64  # verifying steps between plain ones that keep plain_s current
 
 
 class Pacer:

@@ -549,6 +549,34 @@ def test_drafts_pay_against_a_plain_step_of_as_many_rows():
     assert len(alone) == 0
 
 
+def test_pays_keeps_the_nodes_a_one_node_at_a_time_oracle_keeps():
+    """The vectorised rate test against its readable form: add the best nodes one at a
+    time, keep the count of the highest expected tokens per second, if it beats plain."""
+    def oracle(trees, cost):
+        n = len(trees)
+        cand = sorted((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t)))
+        best_r, best, expected = 0, n / cost.plain_s(n), float(n)
+        for r, (neg_conf, _, _) in enumerate(cand, 1):
+            expected -= neg_conf
+            if expected / cost.seconds(n + r) > best:
+                best_r, best = r, expected / cost.seconds(n + r)
+        return {(s, i) for _, s, i in cand[:best_r]}
+
+    rng = np.random.default_rng(7)
+    sp = Speculator(NgramDrafter())
+    for case in range(60):
+        cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], np.cumsum(rng.uniform(0.0005, 0.004, 7)).tolist(),
+                              decode_s=float(rng.uniform(0.002, 0.006)))
+        trees = []
+        for _ in range(int(rng.integers(1, 5))):
+            k = int(rng.integers(0, 13))
+            conf = np.round(np.cumprod(rng.uniform(0.3, 1.0, k)), 1 + case % 3)  # rounded: ties across trees
+            trees.append(DraftTree(np.arange(k, dtype=np.int64), np.arange(-1, k - 1, dtype=np.int64), conf))
+        kept = sp._pays(trees, cost)
+        assert {(s, int(i)) for s, t in enumerate(trees) for i in range(len(t))
+                if t.tokens[i] in kept[s].tokens} == oracle(trees, cost)
+
+
 def test_no_drafting_where_even_perfect_drafts_would_not_pay():
     """Rows compute-bound past 4 (2.2-2.6 ms per row): one sequence gains from drafts, eight do
     not even if every draft were accepted, and with a drafter whose step costs 3 ms

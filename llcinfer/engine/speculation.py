@@ -256,19 +256,18 @@ class Speculator:
         """Keep the number r of the best nodes (by confidence, across the trees) that
         maximises the step's expected tokens per second, (n + sum of their confidences) /
         t(n + r); no node at all when even that falls below plain decoding's: n tokens in
-        a plain step of n rows (``VerifyCost.plain_s``), not in the one-row step."""
+        a plain step of n rows (``VerifyCost.plain_s``), not in the one-row step.  Every r
+        is evaluated at once (the first r of the highest rate is kept)."""
         n = len(trees)
-        cand = sorted(((-float(t.conf[i]), s, i) for s, t in enumerate(trees) for i in range(len(t))))
-        best_r, best = 0, n / cost.plain_s(n)
-        expected = float(n)
-        for r, (neg_conf, _, _) in enumerate(cand, 1):
-            expected -= neg_conf
-            rate = expected / cost.seconds(n + r)
-            if rate > best:
-                best_r, best = r, rate
+        conf = np.concatenate([t.conf for t in trees] + [np.zeros(0)])  # [nodes]
+        seq = np.concatenate([np.full(len(t), s) for s, t in enumerate(trees)] + [np.zeros(0, np.int64)])  # [nodes]
+        node = np.concatenate([np.arange(len(t)) for t in trees] + [np.zeros(0, np.int64)])  # [nodes]
+        order = np.lexsort((node, seq, -conf))  # most confident first; ties by sequence, then node
+        rate = (n + np.cumsum(conf[order])) / cost.seconds_of(n + np.arange(1, len(order) + 1))  # [r - 1]
+        best_r = int(np.argmax(rate)) + 1 if len(order) and rate.max() > n / cost.plain_s(n) else 0
         keep = [np.zeros(len(t), bool) for t in trees]
-        for _, s, i in cand[:best_r]:
-            keep[s][i] = True
+        for k in order[:best_r]:
+            keep[seq[k]][node[k]] = True
         return [t.subset(k) for t, k in zip(trees, keep)]
 
     def record_step(self, batch, n_before: list[int], seconds: float) -> None:

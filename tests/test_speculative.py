@@ -726,6 +726,40 @@ def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up
     assert Lagging.proposed == 3
 
 
+def test_a_prompt_the_draft_reads_late_is_prefill_not_drafting():
+    """A draft model that did not read a request's prompt with the target reads it in
+    its first proposal (1 s here, of a 1.06 s step): the account is charged that step's
+    drafting (0.05 s), not the prompt."""
+    class LateReader(NgramDrafter):
+        read_s = 0.0
+
+        def catch_up_s(self, key, tokens):
+            return 0.0 if self.read_s else 0.001 * len(tokens)  # the prompt, until read
+
+        def guesses(self, key, tokens):
+            return True
+
+        def propose_many(self, asks):
+            self.read_s = 1.0
+            return [DraftTree.empty() for _ in asks]
+
+    sp = Speculator(LateReader())
+    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
+    sp.pacer.plain_s = 0.010
+    req = SimpleNamespace(id=0, n_prompt=4, tokens=[1, 2, 3, 1, 2], params=SimpleNamespace(max_tokens=99),
+                          stats=SimpleNamespace(n_generated=1))
+    chunk = SimpleNamespace(start=4, tokens=[2], request=req, tree=None)
+    sp.extend(SimpleNamespace(chunks=[chunk], n_tokens=1), 64, 64)  # a new request: one plain step
+    assert not sp._drafted
+    sp.extend(SimpleNamespace(chunks=[chunk], n_tokens=1), 64, 64)
+    assert sp._drafted and sp._prompt_read_s == pytest.approx(min(1.0, sp._draft_step_s))
+    sp._draft_step_s, sp._prompt_read_s = 1.05, 1.0  # as timed on a real host
+    req.tokens.append(3)
+    sp.record_step(SimpleNamespace(chunks=[chunk]), [5], 1.06)
+    assert sp.pacer.plain_s == pytest.approx(0.010)  # the step less its drafting and the prompt
+    assert sp.pacer.credit == pytest.approx(MARGIN * 0.010 - 0.05)  # charged the second, about -1.05
+
+
 class PromptReader(NgramDrafter):
     """A drafter with its own model: 1 ms a prompt token to read."""
 

@@ -73,6 +73,7 @@ class Speculator:
         self.pacer = Pacer()  # drafting paused while speculation has cost more than it gained
         self._drafted = False  # whether this step's extend ran the drafter
         self._draft_step_s = 0.0  # seconds this step's extend spent drafting
+        self._prompt_read_s = 0.0  # of which reading a prompt the draft had not read (record_step)
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
         self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
         self._cost_now: tuple | None = None  # (cost it came from, decode_s it used, VerifyCost)
@@ -171,6 +172,8 @@ class Speculator:
             self.stats.plain_steps += 1
             return  # no request has room to draft for: a plain step
         self._drafted = True
+        late = catch_up_s is not None and any(max_nodes and catch_up_s(c.request.id, c.request.tokens[:c.request.n_prompt])
+                                              for c, (_, _, max_nodes) in zip(decoding, asks))
         if hasattr(self.drafter, "propose_many"):
             trees = self.drafter.propose_many(asks)
         else:
@@ -191,6 +194,7 @@ class Speculator:
             if not len(kept) and len(tree):  # not verified: checked against what plain decoding produces
                 self.acceptance.shadow(c.request.id, c.start, tree.best_chain())
         self._draft_step_s = time.perf_counter() - t0
+        self._prompt_read_s = min(getattr(self.drafter, "read_s", 0.0), self._draft_step_s) if late else 0.0
         self.stats.draft_seconds += self._draft_step_s
         if not any(len(t) for t in trees):
             self.stats.plain_steps += 1
@@ -272,14 +276,18 @@ class Speculator:
 
     def record_step(self, batch, n_before: list[int], seconds: float) -> None:
         """After a step of decoding rows only: how long each sequence took per token it
-        gained, speculating or not (``Pacer``)."""
+        gained, speculating or not (``Pacer``).  A prompt the draft model read in this
+        step's proposal, not having read it with the target's prefill, is prefill: its
+        batched forward is left out of the step and of its drafting."""
         drafted, self._drafted = self._drafted, False
+        prompt_read, self._prompt_read_s = (self._prompt_read_s if drafted else 0.0), 0.0
         if any(c.start < c.request.n_prompt for c in batch.chunks):
             return  # a prompt chunk ran too: not a decode step's time
         gained = sum(len(c.request.tokens) - n for c, n in zip(batch.chunks, n_before))
         if gained > 0:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
-            drafting = self._draft_step_s if drafted else 0.0
+            drafting = self._draft_step_s - prompt_read if drafted else 0.0
+            seconds -= prompt_read
             self.pacer.record(kind, seconds, gained / len(batch.chunks), drafting)
             if kind != "verified" and len(batch.chunks) == 1:  # a plain decode step of one sequence
                 step = seconds - drafting

@@ -87,6 +87,7 @@ class DraftModelDrafter:
         self.executor: DecodeExecutor | None = None
         self.head_rows = min(HEAD_ROWS, model.config.vocab_size)  # draft tokens are ids below this
         self.row_s = 0.0  # seconds per token of the last batched forward of _PRICED_ROWS or more (0: not yet timed)
+        self.read_s = 0.0  # seconds the last proposal spent in batched forwards: long catch-ups
         self.lookup = NgramDrafter(max_match=REPEAT_MATCH, min_match=GUESS_MIN_MATCH)  # guesses (staged drafting)
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
@@ -130,7 +131,9 @@ class DraftModelDrafter:
         ends = np.cumsum([len(t) for _, t in chunks])
         rows = np.concatenate([np.arange(e - w, e) for e, w in zip(ends, want)])  # [sum(want)]
         if self.executor is None or max(len(t) for _, t in chunks) > _EXECUTOR_ROWS:
+            t0 = time.perf_counter()
             logits = self._forward(chunks, rows)[:, :self.head_rows]
+            self.read_s += time.perf_counter() - t0
         else:
             logits = self.executor.step_rows([s for s, _ in chunks], [t for _, t in chunks])[rows]
         return np.split(logits, np.cumsum(want)[:-1])
@@ -175,6 +178,7 @@ class DraftModelDrafter:
     def propose_many(self, requests: list[tuple[object, list[int], int]]) -> list[DraftTree]:
         """A tree for each (key, tokens, max_nodes), drafted together (module doc)."""
         out = [DraftTree.empty() for _ in requests]
+        self.read_s = 0.0
         live, chunks, want = [], [], []  # live: [request, seq, draft tokens, confidences, max nodes, root siblings, guess]
         for r, (key, tokens, max_nodes) in enumerate(requests):
             if max_nodes <= 0 or len(tokens) + 1 >= self.n_ctx:

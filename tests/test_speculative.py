@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llcinfer import LLM
-from llcinfer.engine.speculation import Speculator
+from llcinfer.engine.speculation import Speculator, _may_pay
 from llcinfer.engine.sampling import SamplingParams
 from llcinfer.engine.transformer import Transformer
 from llcinfer.errors import UsageError
@@ -575,6 +575,30 @@ def test_pays_keeps_the_nodes_a_one_node_at_a_time_oracle_keeps():
         kept = sp._pays(trees, cost)
         assert {(s, int(i)) for s, t in enumerate(trees) for i in range(len(t))
                 if t.tokens[i] in kept[s].tokens} == oracle(trees, cost)
+
+
+def test_may_pay_is_false_only_where_the_budget_and_pays_keep_nothing():
+    """The early exit of a step's drafts against the whole selection (the super-tree or
+    per-sequence budget, then _pays): where it says no node can pay, none is kept; over
+    random batches it also lets through every batch where some node is kept."""
+    rng = np.random.default_rng(11)
+    sp = Speculator(NgramDrafter())
+    kept_any = exited = 0
+    for case in range(200):
+        cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], np.cumsum(rng.uniform(0.0005, 0.004, 7)).tolist(),
+                              decode_s=float(rng.uniform(0.002, 0.006)))
+        trees = []
+        for _ in range(int(rng.integers(1, 5))):
+            k = int(rng.integers(0, 13))
+            conf = np.cumprod(rng.uniform(0.02, 1.0, k)) * rng.uniform(0.05, 1.0)
+            trees.append(DraftTree(np.arange(k, dtype=np.int64), np.arange(-1, k - 1, dtype=np.int64), conf))
+        for select in (lambda t: select_super_tree(t, cost, None, 64), lambda t: select_per_sequence(t, cost, 64)):
+            kept = sum(len(t) for t in sp._pays(select(trees), cost))
+            if not _may_pay(trees, cost):
+                exited += 1
+                assert kept == 0, case
+            kept_any += kept > 0
+    assert exited > 20 and kept_any > 20  # both sides of the test were exercised
 
 
 def test_no_drafting_where_even_perfect_drafts_would_not_pay():

@@ -99,3 +99,18 @@ def test_measuring_a_verification_leaves_the_sequences_as_they_were(tmp_path):
         assert pool.available_blocks == free
         for s, r in zip(seqs, reads):
             assert all(np.array_equal(a, b) for a, b in zip(s.read(1, 0, s.n_tokens), r))
+
+
+def test_the_seconds_table_equals_the_curve_and_follows_k_max():
+    """seconds_upto keeps t(0 .. n) for the step loop: every entry is seconds_of's, with a
+    curve and with the fitted form only, and a budget override of k_max (set after the
+    fit) is not answered from the old table."""
+    curve = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010, 0.0105, 0.011, 0.020, 0.041, 0.083, 0.167], 0.010)
+    bare = VerifyCost(k_max=4, slope_s=0.002, base_s=0.01, decode_s=0.01)
+    for cost in (curve, bare):
+        rows = np.arange(0, 301)
+        assert np.array_equal(cost.seconds_upto(300)[:301], cost.seconds_of(rows))
+        assert [cost.seconds(int(r)) for r in (1, 3, 65, 300)] == [float(cost.seconds_of(r)) for r in (1, 3, 65, 300)]
+    before = bare.seconds(20)
+    bare.k_max = 12
+    assert bare.seconds(20) == float(bare.seconds_of(20)) < before

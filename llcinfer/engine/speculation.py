@@ -15,6 +15,7 @@ forward (tree rows attend to their prefix and ancestors only).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from ..speculative import Acceptance, DraftTree, Gates, Pacer, acceptance_walk, 
 
 _MAX_NODES_PER_SEQ = 64  # candidate nodes a drafter may propose for one sequence
 DECODE_EMA = 0.3  # weight of the newest one-sequence plain step in the decode time followed
+DECODE_STEP = 1.02  # ... which the cost follows in steps of this ratio (current_cost)
 
 
 @dataclass
@@ -76,8 +78,8 @@ class Speculator:
         self._prompt_read_s = 0.0  # of which reading a prompt the draft had not read (record_step)
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
         self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
-        self._cost_now: tuple | None = None  # (cost it came from, decode_s it used, VerifyCost)
-        self._can_pay: tuple = (None, 0.0, {})  # (cost, draft step) judged on, {sequences decoding: can_pay}
+        self._costs: tuple = (None, {})  # (cost they came from, {decode step: VerifyCost}) (current_cost)
+        self._can_pay: tuple = (None, {})  # (draft step judged on, {(id of a cost in _costs, sequences): can_pay})
         self._decoding: set = set()  # ids of the requests decoding at the last step (Pacer.fresh)
 
     # ------------------------------------------------------------------ start-up
@@ -119,16 +121,21 @@ class Speculator:
         measured since (VerifyCost.with_decode): verifying rows is compute-bound from a
         few rows on, a decode step is not, so speculation pays more while the weight
         stream is slow, and is judged to pay less while the plain steps run faster than
-        at start-up.  Refitted when the decode time moves by more than 2 %."""
+        at start-up.  The decode time is taken in steps of ``DECODE_STEP`` (the nearest),
+        and each step's cost is fitted once and kept: the plain steps move back and forth
+        over a few of them."""
         if self._decode_s is None:
             return self.cost
-        cached = self._cost_now
-        if cached is not None and cached[0] is self.cost and abs(self._decode_s / cached[1] - 1) <= 0.02:
-            return cached[2]
-        now = self.cost.with_decode(self._decode_s)
-        if now is not self.cost and self.budget is not None:
-            now.k_max = int(self.budget)
-        self._cost_now = (self.cost, self._decode_s, now)
+        if self._costs[0] is not self.cost:
+            self._costs = (self.cost, {})
+            self._can_pay = (None, {})
+        k = round(math.log(self._decode_s / self.cost.decode_s) / math.log(DECODE_STEP))
+        now = self._costs[1].get(k)
+        if now is None:
+            now = self.cost.with_decode(self.cost.decode_s * DECODE_STEP ** k)
+            if now is not self.cost and self.budget is not None:
+                now.k_max = int(self.budget)
+            self._costs[1][k] = now
         return now
 
     # ------------------------------------------------------------------ per step
@@ -185,11 +192,12 @@ class Speculator:
         trees = [self.acceptance.scale(t, self._ratio) for t in trees]
         max_rows = max_step_tokens - batch.n_tokens + len(decoding)
         cost = self.current_cost()
-        if self.policy == "super-tree":
-            trees = select_super_tree(trees, cost, self.gates if self.gates.calibrated else None, max_rows)
+        if not _may_pay(trees, cost):
+            trees = [DraftTree.empty() for _ in trees]  # what the budget and _pays would keep of them
+        elif self.policy == "super-tree":
+            trees = self._pays(select_super_tree(trees, cost, self.gates if self.gates.calibrated else None, max_rows), cost)
         else:
-            trees = select_per_sequence(trees, cost, max_rows)
-        trees = self._pays(trees, cost)
+            trees = self._pays(select_per_sequence(trees, cost, max_rows), cost)
         for c, kept, tree in zip(decoding, trees, proposed):
             if not len(kept) and len(tree):  # not verified: checked against what plain decoding produces
                 self.acceptance.shadow(c.request.id, c.start, tree.best_chain())
@@ -234,12 +242,12 @@ class Speculator:
         of a draft model, 0 for lookups), on the current cost.  Where it is False, drafting
         and the drafter's prefill of the prompts are skipped."""
         cost, step_s = self.current_cost(), getattr(self.drafter, "step_s", 0.0)
-        if self._can_pay[0] is not cost or self._can_pay[1] != step_s:
-            self._can_pay = (cost, step_s, {})
-        known = self._can_pay[2]
-        if n not in known:
-            known[n] = cost.can_pay(n, step_s, _MAX_NODES_PER_SEQ)
-        return known[n]
+        if self._can_pay[0] != step_s:  # a draft model's step is timed as it drafts
+            self._can_pay = (step_s, {})
+        known, key = self._can_pay[1], (id(cost), n)  # the costs are kept in _costs
+        if key not in known:
+            known[key] = cost.can_pay(n, step_s, _MAX_NODES_PER_SEQ)
+        return known[key]
 
     def gain_s(self, n: int, steps: int, accept: float | None = None) -> float:
         """Seconds that drafting could save one of n sequences decoding over its next
@@ -267,7 +275,7 @@ class Speculator:
         seq = np.concatenate([np.full(len(t), s) for s, t in enumerate(trees)] + [np.zeros(0, np.int64)])  # [nodes]
         node = np.concatenate([np.arange(len(t)) for t in trees] + [np.zeros(0, np.int64)])  # [nodes]
         order = np.lexsort((node, seq, -conf))  # most confident first; ties by sequence, then node
-        rate = (n + np.cumsum(conf[order])) / cost.seconds_of(n + np.arange(1, len(order) + 1))  # [r - 1]
+        rate = (n + np.cumsum(conf[order])) / cost.seconds_upto(n + len(order))[n + 1:n + len(order) + 1]  # [r - 1]
         best_r = int(np.argmax(rate)) + 1 if len(order) and rate.max() > n / cost.plain_s(n) else 0
         keep = [np.zeros(len(t), bool) for t in trees]
         for k in order[:best_r]:
@@ -338,6 +346,18 @@ class Speculator:
     def finish(self, req) -> None:
         self.acceptance.forget(req.id)
         self.drafter.finish(req.id, req.tokens)
+
+
+def _may_pay(trees: list[DraftTree], cost: VerifyCost) -> bool:
+    """False where ``Speculator._pays`` would keep no node of ``trees`` whatever the budget
+    kept: even all their confidence, n + sum(conf), over the cheapest verification of n +
+    r rows (r >= 1) is no faster than plain decoding.  Most steps of text the drafter
+    finds little in end here, before the budget's work."""
+    n, nodes = len(trees), sum(len(t) for t in trees)
+    if not nodes:
+        return False
+    fastest = float(cost.seconds_upto(n + nodes)[n + 1:n + nodes + 1].min())
+    return (n + sum(float(t.conf.sum()) for t in trees)) * (1 + 1e-9) / fastest > n / cost.plain_s(n)
 
 
 def verification_seconds(model, seqs: list, rows: int, reps: int = 3, executor=None) -> float:

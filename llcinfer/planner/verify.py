@@ -47,7 +47,19 @@ class VerifyCost:
     def seconds(self, rows: int) -> float:
         """t(rows): the curve interpolated where there is one (a row before the knee is
         not free), past its end and without one the fitted form."""
-        return float(self.seconds_of(np.asarray(rows)))
+        table = self.seconds_upto(rows)
+        return float(table[rows])
+
+    def seconds_upto(self, rows: int) -> np.ndarray:
+        """t(0), t(1), ... t(at least ``rows``)  # [>= rows + 1], ``seconds_of`` evaluated
+        once and kept (the step loop asks for the same few sizes every step); made again
+        should ``k_max`` change, as the budget override sets it after the fit."""
+        table, k_max = self.__dict__.get("_table", (None, None))
+        if table is None or table.size <= rows or k_max != self.k_max:
+            size = max(int(rows) + 1, 128, 2 * table.size if table is not None else 0)
+            table = self.seconds_of(np.arange(size))
+            self.__dict__["_table"] = (table, self.k_max)  # not a field: asdict, replace and == ignore it
+        return table
 
     def seconds_of(self, rows: np.ndarray) -> np.ndarray:
         """``seconds`` of each entry of ``rows``."""
@@ -79,7 +91,8 @@ class VerifyCost:
         r = np.arange(1, max_rows + 1)  # [r] draft rows beyond the roots
         depth, deeper = np.divmod(r, n)  # ``deeper`` chains of depth + 1, the others of depth
         tokens = n + deeper * chain[depth + 1] + (n - deeper) * chain[depth]
-        return float(np.max(tokens / (self.seconds_of(n + r) + -(-r // n) * step))) / plain
+        seconds = self.seconds_upto(n + max_rows)[n + 1:n + max_rows + 1]  # [r] t(n + r)
+        return float(np.max(tokens / (seconds + -(-r // n) * step))) / plain
 
     def can_pay(self, n: int, draft_step_s: float = 0.0, max_rows: int = 64) -> bool:
         """Whether n sequences decoding could go faster speculating if every draft were

@@ -168,6 +168,31 @@ def test_staged_draft_takes_the_guessed_tokens_its_own_steps_would_draft(tiny):
     assert staged._seqs["a"].tokens == tokens + chain[:-1]
 
 
+def test_where_the_text_repeats_the_draft_model_copies_without_running(tiny):
+    """A request whose last 8 tokens occur earlier in it gets the lookup's continuation
+    (the tokens that followed them) and the draft model runs no step; where nothing
+    repeats it drafts again, reading first what it missed while copying."""
+    from llcinfer.speculative.draft_model import REPEAT_MATCH, DraftModelDrafter
+    model = Transformer(GGUFFile(tiny[1]))
+    d = DraftModelDrafter(model, 256, 2, depth=4)
+    d.min_conf = 0.0
+    steps = []
+    step = d._step
+    d._step = lambda chunks, want: steps.append([len(t) for _, t in chunks]) or step(chunks, want)
+    text = [int(t) for t in np.random.default_rng(9).integers(1, 200, 30)]
+    d.prefill([("a", text)])
+    tokens = text + text[:REPEAT_MATCH]
+    assert d.guesses("a", tokens)
+    tree = d.propose("a", tokens, 6)
+    assert tree.best_chain().tokens.tolist() == text[REPEAT_MATCH:REPEAT_MATCH + 6] and steps == []
+    assert d._seqs["a"].n_tokens == len(text)  # behind by the copied tokens
+    tokens = tokens + [201, 202]  # new text: nothing repeats
+    assert not d.guesses("a", tokens)
+    tree = d.propose("a", tokens, 4)
+    assert len(tree) == 4 and steps[0] == [REPEAT_MATCH + 2] and steps[1:] == [[1]] * 3
+    assert d._seqs["a"].tokens[:len(tokens)] == tokens
+
+
 @pytest.mark.parametrize("vocab", [7, 1001, 65537])
 def test_draft_top_tokens_and_probabilities_equal_the_softmax_oracle(vocab):
     from llcinfer.speculative.draft_model import _top
@@ -637,10 +662,13 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
     """A draft model 200 tokens behind (1 ms a token to catch up) drafts for a request with
     many steps left (each two-sequence step 10 ms, its share 5 ms, 0.28 s to gain), not
     for one two steps from its end; once its drafts are measured to fail, only where the
-    request's last tokens occur earlier in its text (the drafter guesses a continuation)."""
+    request's last tokens occur earlier in its text (the drafter copies there, reading nothing)."""
     class Behind(NgramDrafter):
         def catch_up_s(self, key, tokens):
             return 200 * 0.001
+
+        def guesses(self, key, tokens):
+            return False
 
         def propose_many(self, asks):
             self.asked = [max_nodes for _, _, max_nodes in asks]
@@ -659,7 +687,7 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
     sp.drafter.guesses, sp.drafter.asked = (lambda key, tokens: False), None
     sp.extend(batch, 64, 64)
     assert sp.acceptance.node_rate < 0.01 and sp.drafter.asked is None  # a plain step
-    sp.drafter.guesses = lambda key, tokens: key == 0  # ... priced there at perfect drafts, or none would be
+    sp.drafter.guesses = lambda key, tokens: key == 0  # ... where it copies, with no catch-up to pay
     sp.extend(batch, 64, 64)  # proposed again to measure them by
     assert sp.drafter.asked == [58, 0]
 

@@ -164,16 +164,14 @@ class Speculator:
         t0 = time.perf_counter()
         asks = []
         if catch_up_s is not None:
-            gain_measured, gain_copying = self.gain_s(n, 1), self.gain_s(n, 1, accept=1.0)
+            gain_per_step = self.gain_s(n, 1)
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
-            if catch_up_s is not None:
-                lag_s = catch_up_s(req.id, req.tokens)
-                if lag_s > left * gain_measured and (lag_s > left * gain_copying
-                                                     or not self.drafter.guesses(req.id, req.tokens)):
-                    left = 0  # catching the draft up costs more than its drafts could save
+            if (catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * gain_per_step
+                    and not self.drafter.guesses(req.id, req.tokens)):
+                left = 0  # catching the draft up costs more than its drafts could save (copying needs none)
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
         if not any(max_nodes for _, _, max_nodes in asks):
             self.stats.plain_steps += 1
@@ -224,9 +222,8 @@ class Speculator:
     def _resume_s(self, decoding) -> float:
         """What resuming drafting after an overdraft would cost beyond a usual draft step:
         catching the cheapest request's draft up on the tokens it missed, nothing where a
-        request's text repeats (its continuation is looked up, and drafts there are
-        priced as copies).  Asked only while the pacer is overdrawn and its credit has
-        recovered."""
+        request's text repeats (the draft model copies there without reading).  Asked only
+        while the pacer is overdrawn and its credit has recovered."""
         if not self.pacer.overdrawn or self.pacer.credit < 0:
             return 0.0
         lags = []
@@ -249,19 +246,15 @@ class Speculator:
             known[key] = cost.can_pay(n, step_s, _MAX_NODES_PER_SEQ)
         return known[key]
 
-    def gain_s(self, n: int, steps: int, accept: float | None = None) -> float:
+    def gain_s(self, n: int, steps: int) -> float:
         """Seconds that drafting could save one of n sequences decoding over its next
-        ``steps`` tokens, each node accepted with probability ``accept`` (None: the
-        drafts' measured acceptance per node): its share of as many plain steps of n rows
-        less the same at ``VerifyCost.speedup``; what reading tokens into its draft
-        sequence may cost at most.  A prompt, and a catch-up while decoding, are priced
-        at the measured acceptance; a catch-up where the request's text repeats (the
-        drafter guesses a continuation from its own tokens) at 1: the measure moves only
-        while drafts are verified, so without that a request it had stopped would never
-        draft again."""
+        ``steps`` tokens, each node accepted with the drafts' measured acceptance per
+        node: its share of as many plain steps of n rows less the same at
+        ``VerifyCost.speedup``; what reading tokens into its draft sequence (a prompt, a
+        catch-up) may cost at most.  Where the request's text repeats, a draft model
+        copies without reading (draft_model.py), so the measure moves again there."""
         cost = self.current_cost()
-        accept = self.acceptance.node_rate if accept is None else accept
-        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), accept, _MAX_NODES_PER_SEQ)
+        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), self.acceptance.node_rate, _MAX_NODES_PER_SEQ)
         return max(0, steps) * cost.plain_s(n) / n * max(0.0, 1.0 - 1.0 / speedup)
 
     def _pays(self, trees: list[DraftTree], cost: VerifyCost) -> list[DraftTree]:

@@ -197,8 +197,9 @@ class DraftModelDrafter:
         for r, (key, tokens, max_nodes) in enumerate(requests):
             if max_nodes <= 0 or len(tokens) + 1 >= self.n_ctx:
                 continue
-            if self.guesses(key, tokens):  # copying (module doc)
-                out[r] = self.lookup.propose(key, tokens, max_nodes)
+            copy = self.lookup.propose(key, tokens, max_nodes)
+            if len(copy) and self.lookup.match_length(key) >= REPEAT_MATCH:  # copying (module doc, guesses)
+                out[r] = copy
                 continue
             seq = self._seq(key)
             common, stop = 0, min(seq.n_tokens, len(tokens) - 1)

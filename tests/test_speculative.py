@@ -516,6 +516,27 @@ def test_ngram_and_suffix_drafters_propose_seen_continuations():
     assert len(ng.propose("b", [1, 2, 3], 8)) == 0  # nothing seen twice
 
 
+def test_repeats_says_what_a_proposal_would_match():
+    """NgramDrafter.repeats(key, tokens, n) against its oracle, a proposal matching n
+    tokens or more, on sequences over a small alphabet (repeats of every length), token by
+    token as a request grows, its prompt and output both, and for the suffix drafter
+    another request's history too."""
+    rng = np.random.default_rng(5)
+    for d in (NgramDrafter(max_match=8, min_match=2), SuffixDrafter(max_match=8, min_match=2)):
+        if isinstance(d, SuffixDrafter):
+            d.finish("old", rng.integers(0, 5, 60).tolist())
+        for key in range(3):
+            tokens = rng.integers(0, 5, 12).tolist()
+            seen = set()
+            for _ in range(40):
+                got = {n: d.repeats(key, tokens, n) for n in (2, 5, 8)}  # the substitutions learned first
+                matched = d.match_length(key) if len(d.propose(key, tokens, 4)) else 0
+                assert got == {n: matched >= n for n in (2, 5, 8)}
+                seen |= set(got.values())
+                tokens = tokens + [int(rng.integers(0, 5))]
+            assert seen == {True, False}
+
+
 def test_ngram_index_finds_what_a_scan_finds_and_adds_no_objects_per_entry():
     """NgramIndex.occurrences against a brute-force scan of the documents (every n, with
     and without a limit, one end excluded), on documents added whole and extended piece

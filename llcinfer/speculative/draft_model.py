@@ -170,7 +170,7 @@ class DraftModelDrafter:
         """Whether the request's text repeats: its last ``REPEAT_MATCH`` tokens occur earlier
         in its prompt or output, with a continuation after them (shorter ones, common
         phrases, turn up in any text).  There the next proposal copies (module doc)."""
-        return len(self.lookup.propose(key, tokens, 1)) > 0 and self.lookup.match_length(key) >= REPEAT_MATCH
+        return self.lookup.repeats(key, tokens, REPEAT_MATCH)
 
     def observe(self, key, n_accepted: int, n_deepest: int) -> None:
         """The target accepted ``n_accepted`` tokens of the last proposal for ``key``: the

@@ -204,6 +204,24 @@ class NgramDrafter:
         if 0 < acc < len(wrote) and origin[acc] is not None:  # aligned: a token of the path was accepted
             self._edits[key].learn(origin[acc], wrote[acc])
 
+    def repeats(self, key, tokens: list[int], n: int) -> bool:
+        """Whether the last ``n`` tokens (n <= max_match) occur earlier in the request's
+        prompt, as the target edits it, or in its output (or another request's, for the
+        suffix drafter), with a token after them: whether ``propose`` would match at least
+        n tokens.  One lookup of one pattern, where ``propose`` may try every shorter one."""
+        if not self.min_match <= n <= min(self.max_match, len(tokens)):
+            return False
+        indexes = self._indexes(key, tokens)
+        self._learn(key, tokens)
+        pattern = tuple(tokens[-n:])
+        for idx, doc in indexes:
+            if doc is None:
+                if idx.occurrences(pattern, None, 1):
+                    return True
+            elif len(self._edits[key].ends(pattern)) or idx.occurrences(pattern, (doc, len(tokens)), 1):
+                return True
+        return False
+
     def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
         """A tree of at most ``max_nodes`` nodes continuing ``tokens`` (its last one is the root)."""
         if max_nodes <= 0:

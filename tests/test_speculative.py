@@ -759,8 +759,9 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
 def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up():
     """A draft model paused for an overdraft falls behind; resuming costs catching it up
     (5 ms here).  It drafts again once the credit covers that, not as soon as the credit
-    is back to zero, and at once where the request's text repeats; a request that was
-    never paused drafts with any credit."""
+    is back to zero, and at once where the request's text repeats (there it copies, with
+    no draft step, even while overdrawn); a request that was never paused drafts with any
+    credit."""
     class Lagging(NgramDrafter):
         repeats, proposed = False, 0
 
@@ -797,6 +798,12 @@ def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up
     sp.pacer.credit = 0.006
     sp.extend(batch, 64, 64)
     assert Lagging.proposed == 3
+    sp.pacer.credit, sp.drafter.repeats = -0.001, True  # overdrawn, where the text repeats: it copies ...
+    sp.extend(batch, 64, 64)
+    assert Lagging.proposed == 4 and sp.pacer.overdrawn
+    sp.pacer.credit, sp.pacer.since_plain = 0.001, PROBE_EVERY  # ... but not in a plain step that times plain decoding
+    sp.extend(batch, 64, 64)
+    assert Lagging.proposed == 4 and not sp.pacer.overdrawn
 
 
 def test_a_prompt_the_draft_reads_late_is_prefill_not_drafting():

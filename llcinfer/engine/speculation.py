@@ -158,9 +158,12 @@ class Speculator:
             self.stats.plain_steps += 1
             return
         catch_up_s = getattr(self.drafter, "catch_up_s", None)
+        copies_only = False  # paused for a draft model's overdraft: only its copies, which run no draft step
         if self.pacer.paused(self._resume_s(decoding) if catch_up_s is not None else 0.0):
-            self.stats.plain_steps += 1
-            return
+            copies_only = catch_up_s is not None and self.pacer.overdrawn
+            if not copies_only:
+                self.stats.plain_steps += 1
+                return
         t0 = time.perf_counter()
         asks = []
         if catch_up_s is not None:
@@ -169,7 +172,7 @@ class Speculator:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
-            if (catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * gain_per_step
+            if (catch_up_s is not None and (copies_only or catch_up_s(req.id, req.tokens) > left * gain_per_step)
                     and not self.drafter.guesses(req.id, req.tokens)):
                 left = 0  # catching the draft up costs more than its drafts could save (copying needs none)
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))

@@ -26,9 +26,10 @@ for the same draft steps where the answer copies text.
 
 Copying: where the request's text repeats (its last ``REPEAT_MATCH`` tokens occur earlier
 in its prompt or output, ``guesses``), the lookup's continuation goes to verification as
-it is, with the lookup's confidences, and the draft model does not run: checking a
-copied continuation cost a draft forward of up to 16 rows (40-50 ms for the 0.5B, a third
-of a code edit's verifying step) to confirm what the target then accepted anyway.  The
+it is (cut before a token outside the draft's head), with the lookup's confidences, and
+the draft model does not run: checking a copied continuation cost a draft forward of up
+to 16 rows (a third of a code edit's verifying step with the 0.5B drafting for the 1.5B)
+to confirm what the target then accepted anyway.  The
 draft sequence falls behind meanwhile and reads what it missed at its next proposal, in
 one batched forward (``catch_up_s`` prices it), or never, where the request ends while
 copying.
@@ -79,6 +80,16 @@ def _top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     top = row[ids[0]]
     z = float(np.exp(row - top, dtype=np.float32).sum(dtype=np.float64))
     return ids, np.exp((row[ids] - top).astype(np.float64)) / z
+
+
+def _within_head(tree: DraftTree, head_rows: int) -> DraftTree:
+    """``tree`` without its nodes of token ids from ``head_rows`` on and their subtrees:
+    what the drafter proposes stays within its head, copies too."""
+    keep = tree.tokens < head_rows  # [n]
+    for i, p in enumerate(tree.parents.tolist()):  # parents come first
+        if p >= 0 and not keep[p]:
+            keep[i] = False
+    return tree if keep.all() else tree.subset(keep)
 
 
 class DraftModelDrafter:
@@ -199,7 +210,7 @@ class DraftModelDrafter:
                 continue
             copy = self.lookup.propose(key, tokens, max_nodes)
             if len(copy) and self.lookup.match_length(key) >= REPEAT_MATCH:  # copying (module doc, guesses)
-                out[r] = copy
+                out[r] = _within_head(copy, self.head_rows)
                 continue
             seq = self._seq(key)
             common, stop = 0, min(seq.n_tokens, len(tokens) - 1)

@@ -806,6 +806,34 @@ def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up
     assert Lagging.proposed == 4 and not sp.pacer.overdrawn
 
 
+def test_a_draft_models_copies_do_not_price_what_it_reads():
+    """What reading a prompt or a catch-up into the draft could repay (gain_s) follows the
+    draft model's own chains: copies of repeating text, accepted whole, leave it where
+    the chains' rejections put it."""
+    class Copying(NgramDrafter):
+        step_s, copied = 0.0, {0}
+
+        def catch_up_s(self, key, tokens):
+            return 0.0
+
+    sp = Speculator(Copying())
+    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010, 0.0105, 0.011, 0.020, 0.041, 0.083, 0.167], decode_s=0.010)
+    tree = DraftTree.chain([5, 6, 7], [0.5, 0.25, 0.125])
+
+    def walk(key, drawn):
+        req = SimpleNamespace(id=key, seq=None, stats=SimpleNamespace(spec_verified=0, spec_accepted=0))
+        sp.accept(req, SimpleNamespace(tree=tree, start=0), np.arange(4), lambda r: drawn[r])
+
+    for _ in range(10):
+        walk(1, [9])  # the draft's own chains: rejected at their first node
+        for _ in range(3):
+            walk(0, [5, 6, 7, 9])  # copies: accepted whole
+    assert sp.own_drafts.node_rate < 0.3 < 0.8 < sp.acceptance.node_rate
+    cost = sp.current_cost()
+    assert sp.gain_s(1, 100) == pytest.approx(100 * cost.plain_s(1) * (1 - 1 / cost.speedup(1, 0.0, sp.own_drafts.node_rate)))
+    assert sp.gain_s(1, 100) < 100 * cost.plain_s(1) * (1 - 1 / cost.speedup(1, 0.0, sp.acceptance.node_rate))
+
+
 def test_a_prompt_the_draft_reads_late_is_prefill_not_drafting():
     """A draft model that did not read a request's prompt with the target reads it in
     its first proposal (1 s here, of a 1.06 s step): the account is charged that step's

@@ -71,6 +71,7 @@ class Speculator:
         self.gates = Gates() if policy == "super-tree" else None
         self.stats = SpecStats()
         self.acceptance = Acceptance()  # the drafts' measured worth: their confidences are scaled by it
+        self.own_drafts = Acceptance()  # ... of a draft model's own verified chains, not its copies (gain_s)
         self._ratio = 1.0  # the scale of this step's trees
         self.pacer = Pacer()  # drafting paused while speculation has cost more than it gained
         self._drafted = False  # whether this step's extend ran the drafter
@@ -254,10 +255,13 @@ class Speculator:
         ``steps`` tokens, each node accepted with the drafts' measured acceptance per
         node: its share of as many plain steps of n rows less the same at
         ``VerifyCost.speedup``; what reading tokens into its draft sequence (a prompt, a
-        catch-up) may cost at most.  Where the request's text repeats, a draft model
-        copies without reading (draft_model.py), so the measure moves again there."""
+        catch-up) may cost at most.  A draft model's copies of repeating text need no
+        reading and are not counted (``own_drafts``): accepted whole while the answer
+        copies, they would price a read of the prompt by what the draft model does not
+        do."""
         cost = self.current_cost()
-        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), self.acceptance.node_rate, _MAX_NODES_PER_SEQ)
+        worth = self.own_drafts if hasattr(self.drafter, "copied") else self.acceptance
+        speedup = cost.speedup(n, getattr(self.drafter, "step_s", 0.0), worth.node_rate, _MAX_NODES_PER_SEQ)
         return max(0, steps) * cost.plain_s(n) / n * max(0.0, 1.0 - 1.0 / speedup)
 
     def _pays(self, trees: list[DraftTree], cost: VerifyCost) -> list[DraftTree]:
@@ -327,8 +331,10 @@ class Speculator:
         st.verified += len(tree)
         st.accepted += len(path)
         last = path[-1] if path else -1
-        self.acceptance.observe(tree.conf / self._ratio, accepted,
-                                rejected=len(drawn) > len(path) and bool(np.any(tree.parents == last)))
+        rejected = len(drawn) > len(path) and bool(np.any(tree.parents == last))
+        self.acceptance.observe(tree.conf / self._ratio, accepted, rejected)
+        if req.id not in getattr(self.drafter, "copied", ()):
+            self.own_drafts.observe(tree.conf / self._ratio, accepted, rejected)
         req.stats.spec_verified += len(tree)
         req.stats.spec_accepted += len(path)
         if self.gates is not None:

@@ -109,6 +109,7 @@ class DraftModelDrafter:
         self.row_s = 0.0  # seconds per token of the last batched forward of _PRICED_ROWS or more (0: not yet timed)
         self.read_s = 0.0  # seconds the last proposal spent in batched forwards: long catch-ups
         self.lookup = NgramDrafter(max_match=REPEAT_MATCH, min_match=GUESS_MIN_MATCH)  # guesses (staged drafting)
+        self.copied: set = set()  # request keys whose last proposal was a copy (module doc)
 
     def use_executor(self, target_executor: DecodeExecutor) -> bool:
         """Run the draft steps on the target executor's domains and threads; False (batched
@@ -211,7 +212,9 @@ class DraftModelDrafter:
             copy = self.lookup.propose(key, tokens, max_nodes)
             if len(copy) and self.lookup.match_length(key) >= REPEAT_MATCH:  # copying (module doc, guesses)
                 out[r] = _within_head(copy, self.head_rows)
+                self.copied.add(key)
                 continue
+            self.copied.discard(key)
             seq = self._seq(key)
             common, stop = 0, min(seq.n_tokens, len(tokens) - 1)
             while common < stop and seq.tokens[common] == tokens[common]:
@@ -281,6 +284,7 @@ class DraftModelDrafter:
 
     def finish(self, key, tokens: list[int]) -> None:
         self.lookup.finish(key, tokens)
+        self.copied.discard(key)
         seq = self._seqs.pop(key, None)
         if seq is not None:
             seq.free()

@@ -595,6 +595,16 @@ def test_drafts_pay_against_a_plain_step_of_as_many_rows():
     assert len(alone) == 0
 
 
+def _random_chains(rng, conf_of) -> tuple[VerifyCost, list[DraftTree]]:
+    """A random cost curve and 1-4 chains of 0-12 nodes, ``conf_of(k)`` the confidences
+    of a chain of k."""
+    cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], np.cumsum(rng.uniform(0.0005, 0.004, 7)).tolist(),
+                          decode_s=float(rng.uniform(0.002, 0.006)))
+    lengths = [int(rng.integers(0, 13)) for _ in range(int(rng.integers(1, 5)))]
+    return cost, [DraftTree(np.arange(k, dtype=np.int64), np.arange(-1, k - 1, dtype=np.int64), conf_of(k))
+                  for k in lengths]
+
+
 def test_pays_keeps_the_nodes_a_one_node_at_a_time_oracle_keeps():
     """The vectorised rate test against its readable form: add the best nodes one at a
     time, keep the count of the highest expected tokens per second, if it beats plain."""
@@ -611,14 +621,8 @@ def test_pays_keeps_the_nodes_a_one_node_at_a_time_oracle_keeps():
     rng = np.random.default_rng(7)
     sp = Speculator(NgramDrafter())
     for case in range(60):
-        cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], np.cumsum(rng.uniform(0.0005, 0.004, 7)).tolist(),
-                              decode_s=float(rng.uniform(0.002, 0.006)))
-        trees = []
-        for _ in range(int(rng.integers(1, 5))):
-            k = int(rng.integers(0, 13))
-            conf = np.round(np.cumprod(rng.uniform(0.3, 1.0, k)), 1 + case % 3)  # rounded: ties across trees
-            trees.append(DraftTree(np.arange(k, dtype=np.int64), np.arange(-1, k - 1, dtype=np.int64), conf))
-        kept = sp._pays(trees, cost)
+        cost, trees = _random_chains(rng, lambda k: np.round(np.cumprod(rng.uniform(0.3, 1.0, k)), 1 + case % 3))
+        kept = sp._pays(trees, cost)  # confidences rounded: ties across trees
         assert {(s, int(i)) for s, t in enumerate(trees) for i in range(len(t))
                 if t.tokens[i] in kept[s].tokens} == oracle(trees, cost)
 
@@ -631,13 +635,7 @@ def test_may_pay_is_false_only_where_the_budget_and_pays_keep_nothing():
     sp = Speculator(NgramDrafter())
     kept_any = exited = 0
     for case in range(200):
-        cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], np.cumsum(rng.uniform(0.0005, 0.004, 7)).tolist(),
-                              decode_s=float(rng.uniform(0.002, 0.006)))
-        trees = []
-        for _ in range(int(rng.integers(1, 5))):
-            k = int(rng.integers(0, 13))
-            conf = np.cumprod(rng.uniform(0.02, 1.0, k)) * rng.uniform(0.05, 1.0)
-            trees.append(DraftTree(np.arange(k, dtype=np.int64), np.arange(-1, k - 1, dtype=np.int64), conf))
+        cost, trees = _random_chains(rng, lambda k: np.cumprod(rng.uniform(0.02, 1.0, k)) * rng.uniform(0.05, 1.0))
         for select in (lambda t: select_super_tree(t, cost, None, 64), lambda t: select_per_sequence(t, cost, 64)):
             kept = sum(len(t) for t in sp._pays(select(trees), cost))
             if not _may_pay(trees, cost):

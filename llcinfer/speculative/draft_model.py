@@ -86,10 +86,12 @@ def _within_head(tree: DraftTree, head_rows: int) -> DraftTree:
     """``tree`` without its nodes of token ids from ``head_rows`` on and their subtrees:
     what the drafter proposes stays within its head, copies too."""
     keep = tree.tokens < head_rows  # [n]
+    if keep.all():
+        return tree
     for i, p in enumerate(tree.parents.tolist()):  # parents come first
         if p >= 0 and not keep[p]:
             keep[i] = False
-    return tree if keep.all() else tree.subset(keep)
+    return tree.subset(keep)
 
 
 class DraftModelDrafter:

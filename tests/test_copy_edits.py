@@ -31,6 +31,10 @@ def test_ends_match_a_plain_scan_of_the_edited_prompt(size):
             if len(pattern) == n:
                 assert ed.ends(pattern).tolist() == scan_ends(edited, pattern)
         assert ed.ends((7,) * n).tolist() == []
+    for end in range(0, size + 1, 5):  # every suffix length of the last 5 tokens up to ``end`` at once
+        suffix = edited[max(0, end - 5):end]
+        got = ed.ends_upto(suffix)
+        assert [g.tolist() for g in got] == [scan_ends(edited, tuple(suffix[-n:])) for n in range(1, len(suffix) + 1)]
 
 
 def test_substitutions_learned_undone_and_bounded():
@@ -53,8 +57,8 @@ def test_substitutions_learned_undone_and_bounded():
 def test_continuation_runs_on_into_the_output():
     ed = CopyEdits([10, 11, 12, 13])
     ed.learn(12, 22)
-    cont, origin = ed.continuation(2, 4, [10, 11, 12, 13, 30, 31, 32])
-    assert cont == [22, 13, 30, 31] and origin == [12, 13, None, None]
+    assert ed.continuation(2, 4, [10, 11, 12, 13, 30, 31, 32]) == [22, 13, 30, 31]
+    assert ed.origin(2, 4) == [12, 13]
 
 
 def copy_run(drafter, prompt: list[int], answer: list[int]) -> int:

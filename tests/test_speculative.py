@@ -240,7 +240,7 @@ def test_draft_head_of_the_first_token_ids_stays_lossless(tiny, executor, monkey
     proposed = []
     propose = draft_model.DraftModelDrafter.propose_many
     monkeypatch.setattr(draft_model.DraftModelDrafter, "propose_many",
-                        lambda self, asks: [proposed.append(t) or t for t in propose(self, asks)])
+                        lambda self, asks, chain=False: [proposed.append(t) or t for t in propose(self, asks, chain)])
     target, draft = tiny
     rng = np.random.default_rng(1)
     prompts = [[int(t) for t in rng.integers(1, 250, n)] for n in (4, 11, 23)]
@@ -652,9 +652,9 @@ def test_no_drafting_where_even_perfect_drafts_would_not_pay():
     class Stub(NgramDrafter):
         calls = 0
 
-        def propose(self, *a):
+        def propose(self, *a, chain=False):
             Stub.calls += 1
-            return super().propose(*a)
+            return super().propose(*a, chain=chain)
 
         def prefill(self, requests):
             Stub.calls += 1
@@ -689,7 +689,7 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
         def guesses(self, key, tokens):
             return False
 
-        def propose_many(self, asks):
+        def propose_many(self, asks, chain=False):
             self.asked = [max_nodes for _, _, max_nodes in asks]
             return [DraftTree.empty() for _ in asks]
 
@@ -719,7 +719,7 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
     class Counting(NgramDrafter):
         proposed: list = []
 
-        def propose(self, key, tokens, max_nodes):
+        def propose(self, key, tokens, max_nodes, chain=False):
             self.proposed.append(key)
             return DraftTree.empty()
 
@@ -769,7 +769,7 @@ def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up
         def guesses(self, key, tokens):
             return self.repeats
 
-        def propose(self, key, tokens, max_nodes):
+        def propose(self, key, tokens, max_nodes, chain=False):
             Lagging.proposed += 1
             return DraftTree.empty()
 
@@ -845,7 +845,7 @@ def test_a_prompt_the_draft_reads_late_is_prefill_not_drafting():
         def guesses(self, key, tokens):
             return True
 
-        def propose_many(self, asks):
+        def propose_many(self, asks, chain=False):
             self.read_s = 1.0
             return [DraftTree.empty() for _ in asks]
 

@@ -43,7 +43,7 @@ class Acceptance:
         self.accepted = PRIOR
         self.nodes_accepted = NODE_PRIOR  # decayed sums of node_rate's terms
         self.walks_rejected = 0.0
-        self._pending: dict[object, tuple[int, np.ndarray, np.ndarray]] = {}  # key -> (start, tokens, raw conf)
+        self._pending: dict[object, tuple[int, list[int], np.ndarray]] = {}  # key -> (start, tokens, raw conf)
 
     @property
     def ratio(self) -> float:
@@ -69,7 +69,7 @@ class Acceptance:
     def shadow(self, key, start: int, chain: DraftTree) -> None:
         """Remember a chain proposed after position ``start`` that was not verified."""
         if len(chain) and key not in self._pending:
-            self._pending[key] = (start, chain.tokens.copy(), chain.conf.copy())
+            self._pending[key] = (start, chain.tokens.tolist(), chain.conf.copy())
 
     def resolve(self, key, tokens: list[int]) -> None:
         """Check ``key``'s unverified chain against its tokens so far, once they decide it:
@@ -77,13 +77,15 @@ class Acceptance:
         item = self._pending.get(key)
         if item is None:
             return
-        start, chain, conf = item
+        start, chain, conf = item  # chain: its tokens, a list
         known = tokens[start + 1:start + 1 + len(chain)]
-        ok = np.asarray(known, np.int64) == chain[:len(known)]
-        if ok.all() and len(known) < len(chain):
+        right = 0  # nodes right so far
+        while right < len(known) and known[right] == chain[right]:
+            right += 1
+        if right == len(known) < len(chain):
             return  # all right so far: wait for more tokens
         accepted = np.zeros(len(chain), bool)
-        accepted[:int(np.argmin(ok)) if not ok.all() else len(chain)] = True
+        accepted[:right] = True
         self.observe(conf, accepted)
         del self._pending[key]
 

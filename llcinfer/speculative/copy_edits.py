@@ -54,14 +54,28 @@ class CopyEdits:
             e = e[m[e - k] == pattern[-k]]
         return e
 
-    def continuation(self, end: int, depth: int, tokens: list[int]) -> tuple[list[int], list[int | None]]:
+    def ends_upto(self, suffix: list[int]) -> list[np.ndarray]:
+        """``[self.ends(tuple(suffix[-n:])) for n in 1..len(suffix)]``, narrowing one set of
+        candidate ends instead of scanning the prompt once per length."""
+        m, out = self.edited, []
+        if not suffix or m.size < 2:
+            return [np.zeros(0, np.int64) for _ in suffix]
+        e = np.flatnonzero(m[:m.size - 1] == suffix[-1]) + 1  # [hits] ends of the last token, e <= n_prompt - 1
+        out.append(e)
+        for n in range(2, len(suffix) + 1):
+            e = e[e >= n]
+            e = e[m[e - n] == suffix[-n]]
+            out.append(e if n < m.size else np.zeros(0, np.int64))
+        return out
+
+    def continuation(self, end: int, depth: int, tokens: list[int]) -> list[int]:
         """The ``depth`` tokens after ``end`` in the edited prompt, running on into the
-        request's own tokens past the prompt, and the prompt token under each (None past it)."""
-        n = self.prompt.size
+        request's own tokens past the prompt."""
         cont = self.edited[end:end + depth].tolist()
-        origin: list[int | None] = self.prompt[end:end + depth].tolist()
-        if end + depth > n:
-            more = tokens[n:end + depth]
-            cont += more
-            origin += [None] * len(more)
-        return cont, origin
+        if end + depth > self.prompt.size:
+            cont += tokens[self.prompt.size:end + depth]
+        return cont
+
+    def origin(self, end: int, depth: int) -> list[int]:
+        """The prompt tokens under ``continuation(end, depth, ...)``, as far as the prompt goes."""
+        return self.prompt[end:end + depth].tolist()

@@ -176,7 +176,7 @@ class DraftModelDrafter:
         propose."""
         if room <= 0:
             return []
-        guess = self.lookup.propose(key, tokens, room).best_chain().tokens.tolist()[:room]
+        guess = self.lookup.propose(key, tokens, room, chain=True).tokens.tolist()
         cut = next((i for i, t in enumerate(guess) if t >= self.head_rows), len(guess))
         return guess[:cut]
 
@@ -203,15 +203,17 @@ class DraftModelDrafter:
             self._seqs[key] = PagedSequence(self.pool, self.n_ctx, None, f"draft {key}")
         return self._seqs[key]
 
-    def propose_many(self, requests: list[tuple[object, list[int], int]]) -> list[DraftTree]:
-        """A tree for each (key, tokens, max_nodes), drafted together (module doc)."""
+    def propose_many(self, requests: list[tuple[object, list[int], int]], chain: bool = False) -> list[DraftTree]:
+        """A tree for each (key, tokens, max_nodes), drafted together (module doc); with
+        ``chain``, a copy is the lookup's most frequent path only (the draft model's own
+        trees are a chain with the root's runners-up, whose best chain is the chain)."""
         out = [DraftTree.empty() for _ in requests]
         self.read_s = 0.0
         live, chunks, want = [], [], []  # live: [request, seq, draft tokens, confidences, max nodes, root siblings, guess]
         for r, (key, tokens, max_nodes) in enumerate(requests):
             if max_nodes <= 0 or len(tokens) + 1 >= self.n_ctx:
                 continue
-            copy = self.lookup.propose(key, tokens, max_nodes)
+            copy = self.lookup.propose(key, tokens, max_nodes, chain)
             if len(copy) and self.lookup.match_length(key) >= REPEAT_MATCH:  # copying (module doc, guesses)
                 out[r] = _within_head(copy, self.head_rows)
                 self.copied.add(key)
@@ -281,8 +283,8 @@ class DraftModelDrafter:
         if chunks:
             self._forward(chunks)
 
-    def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
-        return self.propose_many([(key, tokens, max_nodes)])[0]
+    def propose(self, key, tokens: list[int], max_nodes: int, chain: bool = False) -> DraftTree:
+        return self.propose_many([(key, tokens, max_nodes)], chain)[0]
 
     def finish(self, key, tokens: list[int]) -> None:
         self.lookup.finish(key, tokens)

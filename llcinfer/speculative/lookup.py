@@ -25,10 +25,10 @@ next proposal compares that path with what the target wrote.
 
 from __future__ import annotations
 
-from collections import defaultdict
 
 import numpy as np
 
+from .continuations import continuation_chain, continuation_trie
 from .copy_edits import CopyEdits
 from .tree import DraftTree
 
@@ -111,31 +111,6 @@ class NgramIndex:
                 out.append((d, end))
             e = int(self._prev[e])
         return out[::-1]
-
-
-def continuation_trie(conts: list[list[int]], max_nodes: int, rate: float) -> DraftTree:
-    """Merge the continuations ``conts`` (one per occurrence of the matched suffix) into a
-    tree of at most ``max_nodes`` nodes, the most frequent paths first (module doc)."""
-    counts: dict[tuple[int, ...], int] = defaultdict(int)  # path -> occurrences continuing with it
-    for cont in conts:
-        for k in range(1, len(cont) + 1):
-            counts[tuple(cont[:k])] += 1
-    if not counts:
-        return DraftTree.empty()
-    share = 1.0 / len(conts)
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0])))[:max_nodes]  # parents rank first
-    chosen = {path for path, _ in ranked}
-    order = sorted((p for p in chosen if p[:-1] in chosen or len(p) == 1), key=lambda p: (len(p), p))
-    node_of: dict[tuple[int, ...], int] = {}
-    tokens, parents, conf = [], [], []
-    for path in order:
-        if len(path) > 1 and path[:-1] not in node_of:
-            continue
-        node_of[path] = len(tokens)
-        tokens.append(path[-1])
-        parents.append(node_of[path[:-1]] if len(path) > 1 else -1)
-        conf.append(counts[path] * share * rate ** len(path))
-    return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64), np.asarray(conf, np.float64))
 
 
 class NgramDrafter:
@@ -222,46 +197,50 @@ class NgramDrafter:
                 return True
         return False
 
-    def propose(self, key, tokens: list[int], max_nodes: int) -> DraftTree:
-        """A tree of at most ``max_nodes`` nodes continuing ``tokens`` (its last one is the root)."""
+    def propose(self, key, tokens: list[int], max_nodes: int, chain: bool = False) -> DraftTree:
+        """A tree of at most ``max_nodes`` nodes continuing ``tokens`` (its last one is the
+        root); with ``chain``, only its most frequent path (``continuation_chain``)."""
         if max_nodes <= 0:
             return DraftTree.empty()
         indexes = self._indexes(key, tokens)
         self._learn(key, tokens)
         edits = self._edits[key]
-        for n in range(min(self.max_match, len(tokens)), self.min_match - 1, -1):
+        longest = min(self.max_match, len(tokens))
+        prompt_ends = edits.ends_upto(tokens[-longest:]) if longest >= self.min_match else []  # [n - 1] ends
+        for n in range(longest, self.min_match - 1, -1):
             pattern = tuple(tokens[-n:])
             depth = self.depth if n > _SHORT_MATCH else min(self.depth, _SHORT_DEPTH)
             conts: list[list[int]] = []  # continuations, oldest first: other requests', the prompt's, the output's
-            origins: list[list | None] = []  # the prompt tokens under each (None: not the prompt)
+            starts: list[int | None] = []  # where each starts in the prompt (None: not in the prompt)
             for idx, doc in indexes:
                 if doc is None:  # another request's history
                     found = [idx.docs[d][e:e + depth] for d, e in idx.occurrences(pattern, None, _MAX_OCCURRENCES)]
                     conts += found
-                    origins += [None] * len(found)
+                    starts += [None] * len(found)
                     continue
-                for e in edits.ends(pattern)[-_MAX_OCCURRENCES:].tolist():  # the prompt, as the target edits it
-                    cont, origin = edits.continuation(e, depth, tokens)
-                    conts.append(cont)
-                    origins.append(origin)
+                for e in prompt_ends[n - 1][-_MAX_OCCURRENCES:].tolist():  # the prompt, as the target edits it
+                    conts.append(edits.continuation(e, depth, tokens))
+                    starts.append(e)
                 found = [idx.docs[d][e:e + depth]  # the request's own output
                          for d, e in idx.occurrences(pattern, (doc, len(tokens)), _MAX_OCCURRENCES)]
                 conts += found
-                origins += [None] * len(found)
+                starts += [None] * len(found)
             if conts:
                 copying = self._copying.get(key, 0)
                 self._last_match[key] = (n, copying)
-                tree = continuation_trie(conts[-_MAX_OCCURRENCES:], max_nodes, self.rate(n, copying))
-                self._remember(key, tokens, tree, conts, origins)
+                conts, starts = conts[-_MAX_OCCURRENCES:], starts[-_MAX_OCCURRENCES:]
+                merge = continuation_chain if chain else continuation_trie
+                tree = merge(conts, max_nodes, self.rate(n, copying))
+                self._remember(key, tokens, tree.best_chain().tokens.tolist(), conts, starts, depth)
                 return tree
         return DraftTree.empty()
 
-    def _remember(self, key, tokens, tree: DraftTree, conts: list, origins: list) -> None:
-        """Keep the tree's best path and the prompt tokens under it (the most recent
-        continuation that starts with it) for ``_learn``."""
-        path = tree.best_chain().tokens.tolist()
-        for cont, origin in zip(reversed(conts), reversed(origins)):
-            if origin is not None and cont[:len(path)] == path[:len(cont)]:
+    def _remember(self, key, tokens, path: list[int], conts: list, starts: list, depth: int) -> None:
+        """Keep the best ``path`` proposed and the prompt tokens under it (the most recent
+        prompt continuation that starts with it) for ``_learn``."""
+        for cont, start in zip(reversed(conts), reversed(starts)):
+            if start is not None and cont[:len(path)] == path[:len(cont)]:
+                origin = self._edits[key].origin(start, depth)
                 self._pending[key] = (len(tokens), path, origin + [None] * (len(path) - len(origin)))
                 return
 

@@ -29,12 +29,16 @@ def test_ends_match_a_plain_scan_of_the_edited_prompt(size):
         for start in range(0, max(size - n, 0) + 1, 3):
             pattern = tuple(edited[start:start + n])
             if len(pattern) == n:
-                assert ed.ends(pattern).tolist() == scan_ends(edited, pattern)
-        assert ed.ends((7,) * n).tolist() == []
+                assert ed.ends(pattern) == scan_ends(edited, pattern)
+        assert ed.ends((7,) * n) == []
     for end in range(0, size + 1, 5):  # every suffix length of the last 5 tokens up to ``end`` at once
         suffix = edited[max(0, end - 5):end]
         got = ed.ends_upto(suffix)
-        assert [g.tolist() for g in got] == [scan_ends(edited, tuple(suffix[-n:])) for n in range(1, len(suffix) + 1)]
+        assert got == [scan_ends(edited, tuple(suffix[-n:])) for n in range(1, len(suffix) + 1)]
+    ed.learn(1, 2)  # a substitution learned after lookups: they see it
+    edited = [{1: 2}.get(t, t) for t in edited]
+    for start in range(0, max(size - 2, 0) + 1, 3):
+        assert ed.ends(tuple(edited[start:start + 2])) == scan_ends(edited, tuple(edited[start:start + 2]))
 
 
 def test_substitutions_learned_undone_and_bounded():

@@ -28,6 +28,8 @@ class CopyEdits:
         self.prompt = np.asarray(prompt, np.int64)  # [n_prompt] the tokens the request started from
         self.edited = self.prompt.copy()  # [n_prompt] the same with every learned substitution applied
         self.subs: dict[int, int] = {}  # prompt token -> the token the target writes in its place
+        self._after: dict[int, list[int]] | None = None  # token -> ends e (edited[e - 1] is it, e < n_prompt)
+        self._edited_list: list[int] = []  # edited, as a list (read token by token)
 
     def __len__(self) -> int:
         return int(self.prompt.size)
@@ -42,30 +44,30 @@ class CopyEdits:
         else:
             return
         self.edited[self.prompt == src] = out
+        self._after = None
 
-    def ends(self, pattern: tuple[int, ...]) -> np.ndarray:
+    def ends(self, pattern: tuple[int, ...]) -> list[int]:
         """The positions e after each occurrence of ``pattern`` in the edited prompt
         (edited[e - n:e] == pattern) that have a prompt token after them, increasing."""
-        n, m = len(pattern), self.edited
-        if n == 0 or n >= m.size:
-            return np.zeros(0, np.int64)
-        e = np.flatnonzero(m[n - 1:m.size - 1] == pattern[-1]) + n  # [hits] candidate ends, e <= n_prompt - 1
-        for k in range(2, n + 1):
-            e = e[m[e - k] == pattern[-k]]
-        return e
+        return self.ends_upto(list(pattern))[-1] if pattern else []
 
-    def ends_upto(self, suffix: list[int]) -> list[np.ndarray]:
-        """``[self.ends(tuple(suffix[-n:])) for n in 1..len(suffix)]``, narrowing one set of
-        candidate ends instead of scanning the prompt once per length."""
-        m, out = self.edited, []
-        if not suffix or m.size < 2:
-            return [np.zeros(0, np.int64) for _ in suffix]
-        e = np.flatnonzero(m[:m.size - 1] == suffix[-1]) + 1  # [hits] ends of the last token, e <= n_prompt - 1
-        out.append(e)
+    def ends_upto(self, suffix: list[int]) -> list[list[int]]:
+        """``[self.ends(tuple(suffix[-n:])) for n in 1..len(suffix)]``: the ends of the
+        last token, looked up in a map from each token to the ends after it (made once
+        per set of substitutions), narrowed one token further back at a time."""
+        if self._after is None:
+            self._edited_list = self.edited.tolist()
+            self._after = {}
+            for e, t in enumerate(self._edited_list[:-1], 1):
+                self._after.setdefault(t, []).append(e)
+        if not suffix:
+            return []
+        m, e = self._edited_list, self._after.get(suffix[-1], [])
+        out = [e]
         for n in range(2, len(suffix) + 1):
-            e = e[e >= n]
-            e = e[m[e - n] == suffix[-n]]
-            out.append(e if n < m.size else np.zeros(0, np.int64))
+            want = suffix[-n]
+            e = [x for x in e if x >= n and m[x - n] == want]
+            out.append(e)
         return out
 
     def continuation(self, end: int, depth: int, tokens: list[int]) -> list[int]:

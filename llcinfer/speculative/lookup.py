@@ -25,6 +25,7 @@ next proposal compares that path with what the target wrote.
 
 from __future__ import annotations
 
+from array import array
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class NgramIndex:
     Each n-gram ending is an entry: the hash of the n-gram maps to its latest entry, and
     every entry links to the previous one with the same hash, so a lookup walks back from
     the most recent occurrence (comparing tokens: hashes may collide).  The entries live in
-    numpy arrays and the map holds ints only, which the garbage collector does not track,
+    typed arrays and the map holds ints only, which the garbage collector does not track,
     so a long history adds no objects for it to walk."""
 
     def __init__(self, max_n: int):
@@ -52,10 +53,9 @@ class NgramIndex:
         self.docs: list[list[int]] = []
         self._indexed: list[int] = []  # tokens of each doc already indexed
         self._latest: dict[int, int] = {}  # hash of an n-gram -> its latest entry
-        self._n = 0  # entries
-        self._prev = np.zeros(1024, np.int32)  # [entry] previous entry with the same hash, -1: none
-        self._doc = np.zeros(1024, np.int32)  # [entry] document it ends in
-        self._end = np.zeros(1024, np.int32)  # [entry] position after its last token
+        self._prev = array("i")  # [entry] previous entry with the same hash, -1: none
+        self._doc = array("i")  # [entry] document it ends in
+        self._end = array("i")  # [entry] position after its last token
 
     def add(self, tokens: list[int], skip: int = 0) -> int:
         """A new document of ``tokens``; n-grams that end in its first ``skip`` tokens are
@@ -73,29 +73,15 @@ class NgramIndex:
         first = self._indexed[doc]
         lo = max(0, first - self.max_n + 1)
         window = tuple(d[lo:])  # the tokens the new n-grams are made of
-        latest, prev, ends = self._latest, [], []
-        n0 = self._n
+        latest, prev, docs, ends = self._latest, self._prev, self._doc, self._end
         for end in range(first + 1, len(d) + 1):
             for n in range(1, min(self.max_n, end) + 1):
                 h = hash(window[end - n - lo:end - lo])
                 prev.append(latest.get(h, -1))
-                latest[h] = n0 + len(ends)
+                latest[h] = len(ends)
+                docs.append(doc)
                 ends.append(end)
-        self._grow(n0 + len(ends))
-        self._prev[n0:n0 + len(ends)] = prev
-        self._doc[n0:n0 + len(ends)] = doc
-        self._end[n0:n0 + len(ends)] = ends
-        self._n = n0 + len(ends)
         self._indexed[doc] = len(d)
-
-    def _grow(self, n: int) -> None:
-        if n > self._prev.size:
-            size = max(n, 2 * self._prev.size)
-            for name in ("_prev", "_doc", "_end"):
-                old = getattr(self, name)
-                new = np.zeros(size, old.dtype)
-                new[:old.size] = old
-                setattr(self, name, new)
 
     def occurrences(self, key: tuple[int, ...], exclude: tuple[int, int] | None,
                     limit: int | None = None) -> list[tuple[int, int]]:
@@ -105,11 +91,11 @@ class NgramIndex:
         want, n = list(key), len(key)
         e = self._latest.get(hash(key), -1)
         while e >= 0 and (limit is None or len(out) < limit):
-            d, end = int(self._doc[e]), int(self._end[e])
+            d, end = self._doc[e], self._end[e]
             doc = self.docs[d]
             if n <= end < len(doc) and (d, end) != exclude and doc[end - n:end] == want:
                 out.append((d, end))
-            e = int(self._prev[e])
+            e = self._prev[e]
         return out[::-1]
 
 
@@ -218,7 +204,7 @@ class NgramDrafter:
                     conts += found
                     starts += [None] * len(found)
                     continue
-                for e in prompt_ends[n - 1][-_MAX_OCCURRENCES:].tolist():  # the prompt, as the target edits it
+                for e in prompt_ends[n - 1][-_MAX_OCCURRENCES:]:  # the prompt, as the target edits it
                     conts.append(edits.continuation(e, depth, tokens))
                     starts.append(e)
                 found = [idx.docs[d][e:e + depth]  # the request's own output

@@ -144,17 +144,24 @@ def run32_1(qt, wa, xa, xda, xsa, K, m, tag):
 
 
 @inline_kernel
-def run32_2(qt, wa, xa, xda, xsa, K, m, tag):
-    """Activation rows m, m+1: each block decoded once, used by the 2 rows; the weight
-    stream prefetched as in run32_1 (with M = 2 or 3 this is the only pass over it)."""
+def run32_2(qt, wa, xa, xda, xsa, K, m, lead, tag):
+    """Activation rows m, m+1: each block decoded once, used by the 2 rows.  With ``lead``
+    (m = 0 and a one-row pass over the group follows: M = 3) the pass prefetches the next
+    group's blocks along, so that the pass from cache after it overlaps the stream too;
+    else the weight stream a little ahead as run32_1 (for a single pass over short rows,
+    the next group instead was slower)."""
     bs = block_bytes(qt) * vlanes(tag)
     nb = K // 32
     x0 = xa + m * K
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
+    ahead = nb * bs  # the next group's block b lies one group further
     for b in range(nb):
         o = b * bs
-        _w_ahead(wa, o, bs)
+        if lead:
+            _w_part(wa, o + ahead, bs)
+        else:
+            _w_ahead(wa, o, bs)
         qs = dec32(qt, wa, o, tag)
         i = m * nb + b
         a0 = _acc32(qt, wa, o, qs, x0, ldf(xda, i), ldi(xsa, i), 32 * b, a0, tag)

@@ -14,7 +14,7 @@ from .simd_math import vadd, vand, vcvt, vdot_i16, vdot_u4, vdot_u6, vfma, vmul,
 from .vnni_blocks import _nib8, _w_part, _x8
 
 
-# Bytes ahead of the weight stream prefetched along the one- and two-row K-quant loops (the
+# Bytes ahead of the weight stream prefetched along the one-row K-quant loops (the 2- and
 # 4-row loops prefetch the next group in their first pass, vnni_matmul.py):
 # spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
 # of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
@@ -90,8 +90,8 @@ def runk4_1(wa, xa, xda, xsa, K, m, tag):
 
 @kernel
 def runk4_2(wa, xa, xda, xsa, K, m, tag):
-    """Rows m, m+1: each sub-block decoded once for both; weights and activations
-    prefetched as in runk4_1 (with M = 2 or 3 this is the only pass over the weights)."""
+    """Rows m, m+1: each sub-block decoded once for both; activations prefetched as in
+    runk4_1, the next group's weights in the first pass over this one (m = 0: M = 2 or 3)."""
     W = vlanes(tag)
     bs = 148 * W
     nb = K // 256
@@ -100,6 +100,7 @@ def runk4_2(wa, xa, xda, xsa, K, m, tag):
     xss = 2 * (K // 16)
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
+    ahead = nb * bs  # the next group's super-block b lies one group further
     for b in range(nb):
         o = b * bs
         _x_ahead(x0, xs0, b + 1)
@@ -109,7 +110,8 @@ def runk4_2(wa, xa, xda, xsa, K, m, tag):
         n0 = vzero_i(tag)
         n1 = vzero_i(tag)
         for s in range(8):
-            _w_part(wa, o + K_AHEAD + s * (bs // 8), bs // 8)
+            if m == 0:  # the first pass over the group: the next one's weights
+                _w_part(wa, o + ahead + s * (bs // 8), bs // 8)
             qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
             mp = _pair_u8(wa, o + 12 * W + s * W, tag)
             s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
@@ -246,6 +248,7 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
     xss = 2 * (K // 16)
     a0 = vzero_f(tag)
     a1 = vzero_f(tag)
+    ahead = nb * bs  # the next group's super-block b lies one group further
     for b in range(nb):
         o = b * bs
         _x_ahead(x0, xs0, b + 1)
@@ -255,7 +258,8 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
         n0 = vzero_i(tag)
         n1 = vzero_i(tag)
         for c in range(8):
-            _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
+            if m == 0:  # the first pass over the group: the next one's weights
+                _w_part(wa, o + ahead + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
             sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
             s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)

@@ -23,13 +23,15 @@ vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed byt
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded
 once and fed to the 4 rows' accumulators; a remainder of 2 or 3 rows takes a 2-row tile,
 then a last single row (M = 3: 2 + 1, M = 7: 4 + 2 + 1).  A group's weights stay
-in L1/L2 while every row of x passes over them.  The one- and two-row loops prefetch the
+in L1/L2 while every row of x passes over them.  The one-row loops (decode) prefetch the
 weight stream a little ahead (``vnni_blocks.W_AHEAD``, ``vnni_kquant.K_AHEAD`` bytes;
-groups are contiguous, so past a group lies the next); the 4-row loops, in their first
-pass over a group, prefetch the next group, block by block: a tile of a verification
-step computes long enough per group for the whole next group to arrive from DRAM.  The
-loops over one group, per weight type, are in vnni_blocks.py and vnni_kquant.py; this
-module holds the drivers.
+groups are contiguous, so past a group lies the next); the 4-row and the K-quants'
+2-row loops, in the first pass over a group (the 32-value types' 2-row loop where a
+one-row pass follows), prefetch the next group, block by block: a tile of a verification
+step computes long enough per group for the whole next group to arrive from DRAM, the
+passes from cache after the first included (with M = 3 the one-row pass after the 2-row
+one would otherwise overlap no stream).  The loops over one group, per weight type, are
+in vnni_blocks.py and vnni_kquant.py; this module holds the drivers.
 """
 
 from numba import prange
@@ -79,7 +81,7 @@ def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
         elif qt == Q6_K:
             a0, a1 = runk6_2(wa, xa, xda, xsa, K, m, tag)
         else:
-            a0, a1 = run32_2(qt, wa, xa, xda, xsa, K, m, tag)
+            a0, a1 = run32_2(qt, wa, xa, xda, xsa, K, m, m == 0 and M > 2, tag)
         _put(ya, ny, m, n0, nv, a0, tag)
         _put(ya, ny, m + 1, n0, nv, a1, tag)
         m += 2

@@ -28,7 +28,9 @@ from .cost import forward_seconds, predict
 from ..hw.machine import Machine
 from .workload import Workload
 
-VERIFY_ROWS = (1, 2, 4, 8, 16, 32, 64)  # verification sizes measured at start-up and predicted
+# verification sizes measured at start-up and predicted; 3 too: the matmuls take rows 4 at a
+# time, then 2, then 1, so 3 rows make two passes over the weights and may cost more than 4
+VERIFY_ROWS = (1, 2, 3, 4, 8, 16, 32, 64)
 KNEE_RATIO = 1.25  # the knee: the largest T costing at most this times a 1-row forward
 
 

@@ -6,7 +6,9 @@ more than the difference (free chat).
 One LLM with the drafter; each pair runs the workload once with the speculator and once
 with it set aside (plain steps of the same engine, weights and threads), in alternating
 order, so both halves of a pair see the host within seconds of each other.  The
-speculator keeps its state across the pairs, as a server's would across requests.
+speculator keeps its state across the pairs, as a server's would across requests, but for
+a suffix drafter's history of finished requests, emptied before each pair: it would copy
+the previous pair's answer to the same prompt.
 Reports each pair's spec / plain TPOT, their median and spread.
 
     python perf/spec_paired.py -m qwen2.5-coder-1.5b --spec draft:qwen2.5-coder-0.5b --workload free-chat -r 10
@@ -40,6 +42,8 @@ def run(model: str, spec: str, workload: str, n: int, threads: int, pairs: int, 
         rows, texts = [], {}
         for i in range(pairs):
             tpot = {}
+            if hasattr(speculator.drafter, "forget_history"):  # a suffix drafter would copy the last pair's answer
+                speculator.drafter.forget_history()
             before = (speculator.stats.verifications, speculator.stats.accepted, speculator.stats.draft_seconds)
             for on in ((False, True) if i % 2 == 0 else (True, False)):
                 llm.engine.speculator = speculator if on else None

@@ -513,6 +513,8 @@ def test_ngram_and_suffix_drafters_propose_seen_continuations():
     sx.finish("old", [7, 8, 9, 10, 11])
     t2 = sx.propose("new", [3, 7, 8], 4)
     assert t2.tokens.tolist() == [9, 10, 11]  # from another request's history
+    sx.forget_history()
+    assert len(sx.propose("newer", [3, 7, 8], 4)) == 0  # the finished requests forgotten
     assert len(ng.propose("b", [1, 2, 3], 8)) == 0  # nothing seen twice
 
 

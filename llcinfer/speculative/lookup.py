@@ -253,7 +253,11 @@ class SuffixDrafter(NgramDrafter):
     def finish(self, key, tokens: list[int]) -> None:
         super().finish(key, tokens)
         if self._history_tokens + len(tokens) > self.max_history_tokens:
-            self.history = NgramIndex(self.max_match)  # start a fresh history rather than grow without bound
-            self._history_tokens = 0
+            self.forget_history()  # start a fresh history rather than grow without bound
         self.history.add(list(tokens))
         self._history_tokens += len(tokens)
+
+    def forget_history(self) -> None:
+        """Drop the tokens of every finished request (a running request keeps its own)."""
+        self.history = NgramIndex(self.max_match)
+        self._history_tokens = 0

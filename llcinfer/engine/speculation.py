@@ -80,7 +80,6 @@ class Speculator:
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
         self._decode_s: float | None = None  # plain one-sequence decode steps as decoding goes (EMA)
         self._costs: tuple = (None, {})  # (cost they came from, {decode step: VerifyCost}) (current_cost)
-        self._current: tuple = (None, None, None)  # (cost, _decode_s, current_cost's answer for them)
         self._can_pay: tuple = (None, {})  # (draft step judged on, {(id of a cost in _costs, sequences): can_pay})
         self._decoding: set = set()  # ids of the requests decoding at the last step (Pacer.fresh)
 
@@ -128,8 +127,6 @@ class Speculator:
         over a few of them."""
         if self._decode_s is None:
             return self.cost
-        if self._current[0] is self.cost and self._current[1] == self._decode_s:
-            return self._current[2]
         if self._costs[0] is not self.cost:
             self._costs = (self.cost, {})
             self._can_pay = (None, {})
@@ -140,7 +137,6 @@ class Speculator:
             if now is not self.cost and self.budget is not None:
                 now.k_max = int(self.budget)
             self._costs[1][k] = now
-        self._current = (self.cost, self._decode_s, now)
         return now
 
     # ------------------------------------------------------------------ per step

@@ -6,7 +6,7 @@ Confidences are path frequencies times rate ** depth (lookup.py's module doc).""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -22,10 +22,7 @@ def continuation_trie(conts: list[list[int]], max_nodes: int, rate: float) -> Dr
     the shallower, then the first met), which keeps every kept node's parent (a parent's
     count is at least its child's).  Nodes come in the order of their paths by (length,
     tokens).  The trie is built once per distinct continuation, one dict probe a token."""
-    distinct: dict[tuple[int, ...], int] = {}  # continuation -> how many occurrences it follows, first met first
-    for cont in conts:
-        key = tuple(cont)
-        distinct[key] = distinct.get(key, 0) + 1
+    distinct = Counter(map(tuple, conts))  # continuation -> how many occurrences it follows, first met first
     child: dict[int, int] = {}  # (parent node << 32) | token -> node; the root is node -1
     count: list[int] = []  # [node] continuations starting with its path
     parent: list[int] = []  # [node]
@@ -69,11 +66,7 @@ def continuation_chain(conts: list[list[int]], max_nodes: int, rate: float) -> D
     first ``max_nodes`` nodes: from the root, the child that most continuations follow
     (ties: the smaller token), as ``DraftTree.best_chain`` takes it, without building the
     rest of the trie.  What a drafter proposes where only chains are verified."""
-    distinct: dict[tuple[int, ...], int] = {}  # continuation -> how many occurrences it follows
-    for cont in conts:
-        key = tuple(cont)
-        distinct[key] = distinct.get(key, 0) + 1
-    group = list(distinct.items())  # the distinct continuations that follow the path so far
+    group = list(Counter(map(tuple, conts)).items())  # the distinct continuations that follow the path so far
     tokens: list[int] = []
     counts: list[int] = []  # [node] continuations starting with its path
     d = 0

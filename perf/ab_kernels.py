@@ -164,8 +164,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--rows", type=int, default=1, help="matvec: rows of activations (a verification's M)")
     args = ap.parse_args(argv)
-    if min(args.ctx, args.reps, *args.threads) < 1 or args.evict_mb < 0:
-        ap.error("--ctx, --reps and --threads must be at least 1, --evict-mb at least 0")
+    if min(args.ctx, args.reps, args.rows, *args.threads) < 1 or args.evict_mb < 0:
+        ap.error("--ctx, --reps, --rows and --threads must be at least 1, --evict-mb at least 0")
     prepare_trees({"old": args.old, "new": args.new})
     mods = {name: {m: _module(f"ab_{name}", places) for m, places in MODULES.items()} for name in ("old", "new")}
     (attention if args.kernel == "attention" else matvec)(mods, args)

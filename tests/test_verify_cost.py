@@ -58,9 +58,7 @@ def _predicted(workload_args, topology="epyc-9684x", threads=8, cal=None):
 def test_predicted_curve_grows_with_rows_and_responds_to_compute_and_context():
     base, sec = _predicted({"ctx": 512, "concurrency": 1})
     at = dict(zip(VERIFY_ROWS, sec))
-    powers = [at[t] for t in VERIFY_ROWS if t & (t - 1) == 0]
-    assert all(b >= a - 1e-12 for a, b in zip(powers, powers[1:]))
-    assert at[3] >= at[2]  # a 2-row and a 1-row pass over the weights: more than 2 rows, maybe more than 4
+    assert all(b >= a - 1e-12 for a, b in zip(sec, sec[1:]))  # every row count has its own tile
     assert 1 <= base.k_max <= 64 and base.slope_s > 0 and base.decode_s > 0
     fast = Calibration(matmul_macs_per_core=4 * Calibration().matmul_macs_per_core,
                        unpack_weights_per_core=4 * Calibration().unpack_weights_per_core)

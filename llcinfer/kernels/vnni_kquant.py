@@ -1,6 +1,6 @@
 """The per-group inner loops of vnni_matmul.py for the K-quants (Q4_K, Q6_K: 256-value
-super-blocks): one group of W packed weight rows against one row (``runk*_1``), two rows
-(``runk*_2``) or four rows (``runk*_4``) of int8 activations, returning the group's f32
+super-blocks): one group of W packed weight rows against one row (``runk*_1``), two (``runk*_2``),
+three (``runk*_3``) or four rows (``runk*_4``) of int8 activations, returning the group's f32
 accumulator vectors.  vnni_matmul.py explains the arithmetic, repack.py the layout.
 
 Every row's accumulator sees the same operations in the same order in every tile (per
@@ -14,7 +14,7 @@ from .simd_math import vadd, vand, vcvt, vdot_i16, vdot_u4, vdot_u6, vfma, vmul,
 from .vnni_blocks import _nib8, _w_part, _x8
 
 
-# Bytes ahead of the weight stream prefetched along the one-row K-quant loops (the 2- and
+# Bytes ahead of the weight stream prefetched along the one-row K-quant loops (the 2- to
 # 4-row loops prefetch the next group in their first pass, vnni_matmul.py):
 # spread over a super-block's 8 parts, each part's lines as its sub-block starts, instead
 # of the whole super-block (1184 / 1680 bytes on AVX2) in one burst at its start.
@@ -91,7 +91,7 @@ def runk4_1(wa, xa, xda, xsa, K, m, tag):
 @kernel
 def runk4_2(wa, xa, xda, xsa, K, m, tag):
     """Rows m, m+1: each sub-block decoded once for both; activations prefetched as in
-    runk4_1, the next group's weights in the first pass over this one (m = 0: M = 2 or 3)."""
+    runk4_1, the next group's weights in the first pass over this one (m = 0: M = 2)."""
     W = vlanes(tag)
     bs = 148 * W
     nb = K // 256
@@ -120,6 +120,45 @@ def runk4_2(wa, xa, xda, xsa, K, m, tag):
         a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
         a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
     return a0, a1
+
+
+@kernel
+def runk4_3(wa, xa, xda, xsa, K, m, tag):
+    """Rows m..m+2 (the remainder of 3 rows, M = 3, 7, ...): each sub-block decoded once for
+    the 3; the next group's weights prefetched in the first pass (m = 0), as runk4_4."""
+    W = vlanes(tag)
+    bs = 148 * W
+    nb = K // 256
+    x0 = xa + m * K
+    xs0 = xsa + 2 * m * (K // 16)
+    xss = 2 * (K // 16)
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    a2 = vzero_f(tag)
+    ahead = nb * bs  # the next group's super-block b lies one group further
+    for b in range(nb):
+        o = b * bs
+        for r in range(3):
+            _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
+        s0 = vzero_i(tag)
+        s1 = vzero_i(tag)
+        s2 = vzero_i(tag)
+        n0 = vzero_i(tag)
+        n1 = vzero_i(tag)
+        n2 = vzero_i(tag)
+        for s in range(8):
+            if m == 0:  # the first pass over the group: the next one's weights
+                _w_part(wa, o + ahead + s * (bs // 8), bs // 8)
+            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
+            mp = _pair_u8(wa, o + 12 * W + s * W, tag)
+            s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k4_sub(wa, o, s, qs, mp, x0 + K, xs0 + xss, b, s1, n1, tag)
+            s2, n2 = _k4_sub(wa, o, s, qs, mp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
+        i = m * nb + b
+        a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
+        a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
+        a2 = _k4_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
+    return a0, a1, a2
 
 
 @kernel
@@ -268,6 +307,44 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
         a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
         a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
     return a0, a1
+
+
+@kernel
+def runk6_3(wa, xa, xda, xsa, K, m, tag):
+    """Rows m..m+2, as runk4_3."""
+    W = vlanes(tag)
+    bs = 210 * W
+    nb = K // 256
+    x0 = xa + m * K
+    xs0 = xsa + 2 * m * (K // 16)
+    xss = 2 * (K // 16)
+    a0 = vzero_f(tag)
+    a1 = vzero_f(tag)
+    a2 = vzero_f(tag)
+    ahead = nb * bs  # the next group's super-block b lies one group further
+    for b in range(nb):
+        o = b * bs
+        for r in range(3):
+            _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
+        s0 = vzero_i(tag)
+        s1 = vzero_i(tag)
+        s2 = vzero_i(tag)
+        n0 = vzero_i(tag)
+        n1 = vzero_i(tag)
+        n2 = vzero_i(tag)
+        for c in range(8):
+            if m == 0:  # the first pass over the group: the next one's weights
+                _w_part(wa, o + ahead + c * (bs // 8), bs // 8)
+            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
+            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
+            s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
+            s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
+            s2, n2 = _k6_chunk(wa, o, c, qs, sp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
+        i = m * nb + b
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
+        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
+    return a0, a1, a2
 
 
 @kernel

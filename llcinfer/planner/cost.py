@@ -112,13 +112,14 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
     tasks = math.ceil(rows / tile)
     t = len(cores)
     t_eff = min(t, tasks)
-    # the kernel decodes each weight block once per 4 activation rows, once for a
-    # remaining pair and once for a last row (vnni_matmul: 4-, 2- and 1-row paths)
-    unpacks = b // 4 + (b % 4) // 2 + b % 2
+    # the kernel decodes each weight block once per 4 activation rows and once for the
+    # remaining 1 to 3 (vnni_matmul: 4-, 3-, 2- and 1-row tiles)
+    unpacks = -(-b // 4)
     read = compute = 0.0
     for qtype, nbytes, n_weights in _op_tensors(w, layer, op):
-        # from DRAM: the kernel's measured streaming rate, with 4 rows at a time when b >= 4
-        gbs = cal.matmul_gbs(qtype if b < 4 else f"{qtype}@4", t_eff) if level == "DRAM" else None
+        # from DRAM: the kernel's measured streaming rate, with the 4-row tile's when b >= 3
+        # (the 3-row tile prefetches as the 4-row one does)
+        gbs = cal.matmul_gbs(qtype if b < 3 else f"{qtype}@4", t_eff) if level == "DRAM" else None
         if gbs is None:  # not measured: the machine's curve at this level
             gbs = rates.read_gbs(level, cores) * cal.matmul_read_efficiency * t_eff / t
         read += nbytes / (gbs * 1e9)

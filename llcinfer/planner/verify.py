@@ -28,8 +28,8 @@ from .cost import forward_seconds, predict
 from ..hw.machine import Machine
 from .workload import Workload
 
-# verification sizes measured at start-up and predicted; 3 too: the matmuls take rows 4 at a
-# time, then 2, then 1, so 3 rows make two passes over the weights and may cost more than 4
+# verification sizes measured at start-up and predicted; 3 too: the commonest chain of
+# two drafts, whose tile (vnni_matmul's 3-row loops) differs from the 2- and 4-row ones
 VERIFY_ROWS = (1, 2, 3, 4, 8, 16, 32, 64)
 KNEE_RATIO = 1.25  # the knee: the largest T costing at most this times a 1-row forward
 

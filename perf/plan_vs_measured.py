@@ -6,9 +6,10 @@
 For each configuration (catalog model x context x concurrent sequences) the planner plans
 for this machine with the calibration measured at first use (engine/calibrate.py: run here
 if the cache lacks it, its cost reported); then the chosen plan and the best runner-up of
-the other kind (shared vs split) both run on the executor, in turn (``measure_alternating``:
-A B A B, median step over repetitions, on written KV), and the faster is kept, as ``LLM``
-does at start-up.
+the other kind (shared vs split) run on the executor, every configuration of a model in one
+alternation (``measure_alternating``: A B C ... A B C ..., median step over repetitions, on
+written KV), so that a noisy host's slow minutes fall on all rows of the model alike, not on
+whichever row ran then; the faster of each row's two is kept, as ``LLM`` does at start-up.
 
 The feedback starts empty for every run of the script (the cache's observations are not
 used), and each row's measurements are fed back only after the row: a row's
@@ -72,17 +73,33 @@ def main() -> None:
         cal = ensure_calibration(model, machine, threads)
         doc["calibration_s"][name] = round(time.perf_counter() - t0, 2)
         cal.observed = list(doc.get("observed", []))  # what the earlier rows fed back
-        for ctx, conc in CONFIGS:
-            w = workload_from_model(model, ctx=ctx, concurrency=conc)
+        start_observed = list(cal.observed)
+        workloads = [workload_from_model(model, ctx=ctx, concurrency=conc) for ctx, conc in CONFIGS]
+        # every configuration's chosen plan and other kind, as the planner sees them before
+        # this model's rows feed back, timed in one alternation (all see the same moments)
+        setups = {}  # (ctx, conc, label) -> (plan, domains)
+        for (ctx, conc), w in zip(CONFIGS, workloads):
             plan = make_plan(machine, w, threads=threads, calibration=cal)
+            for p in filter(None, (plan, other_kind(plan))):
+                setups[(ctx, conc, p.label)] = (p, domains_from_plan(p, model.config))
+        t1 = time.perf_counter()
+        measured = dict(zip(setups, measure_alternating(
+            model, [(dom, ctx, conc) for (ctx, conc, _), (_, dom) in setups.items()], n_tokens=a.tokens, reps=a.reps)))
+        doc["measure_wall_s"] = {**doc.get("measure_wall_s", {}), name: round(time.perf_counter() - t1, 2)}
+        cal.observed = start_observed
+        for (ctx, conc), w in zip(CONFIGS, workloads):
+            plan = make_plan(machine, w, threads=threads, calibration=cal)  # with the earlier rows' feedback
             row = {"model": name, "ctx": ctx, "concurrency": conc, "threads": threads}
             sides = [(tag, p, domains_from_plan(p, model.config))
                      for tag, p in (("chosen", plan), ("other", other_kind(plan))) if p is not None]
-            t1 = time.perf_counter()
-            got = measure_alternating(model, [(dom, ctx, conc) for _, _, dom in sides], n_tokens=a.tokens, reps=a.reps)
-            for (tag, p, dom), meas in zip(sides, got):
-                row[tag] = _side(p, meas, dom)
-            row["wall_s"] = round(time.perf_counter() - t1, 2)
+            missing = [(dom, ctx, conc) for _, p, dom in sides if (ctx, conc, p.label) not in measured]
+            if missing:  # the feedback changed a plan: time the new one(s) with the row's others
+                row["retimed"] = True
+                got = measure_alternating(model, [(dom, ctx, conc) for _, _, dom in sides], n_tokens=a.tokens,
+                                          reps=a.reps)
+                measured.update({(ctx, conc, p.label): g for (_, p, _), g in zip(sides, got)})
+            for tag, p, dom in sides:
+                row[tag] = _side(p, measured[(ctx, conc, p.label)], dom)
             c, o = row["chosen"], row.get("other")
             row["error"] = c["predicted_ms"] / c["measured_ms"] - 1
             row["model_error"] = c["model_ms"] / c["measured_ms"] - 1
@@ -97,9 +114,9 @@ def main() -> None:
                   f"(model {c['model_ms']:7.2f}) meas {c['measured_ms']:7.2f} ms err {row['error']:+6.1%}  | "
                   f"{(o or {}).get('label', '-')[:28]:28s} pred {(o or {}).get('predicted_ms', float('nan')):7.2f} "
                   f"meas {(o or {}).get('measured_ms', float('nan')):7.2f}", flush=True)
-            doc["machine"] = machine.summary()
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=1) + "\n")
+        doc["machine"] = machine.summary()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
     rows = doc["rows"]
     ok = sum(abs(r["error"]) <= 0.15 for r in rows)
     ok_model = sum(abs(r["model_error"]) <= 0.15 for r in rows)

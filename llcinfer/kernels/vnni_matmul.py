@@ -29,7 +29,7 @@ bytes; groups are contiguous, so past a group lies the next); the 3- and 4-row l
 the K-quants' 2-row loop, in the first pass over a group, prefetch the next group, block
 by block: a tile of a verification step computes long enough per group for the whole next
 group to arrive from DRAM.  The loops over one group, per weight type, are
-in vnni_blocks.py and vnni_kquant.py; this module holds the drivers.
+in vnni_blocks.py, vnni_kquant.py (Q4_K) and vnni_q6k.py; this module holds the drivers.
 """
 
 from numba import prange
@@ -38,7 +38,8 @@ from ..jit import inline_kernel, kernel, parallel_kernel
 from ..weights.repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 from .simd import addr, stf, vlane, vlanes, vstore, vtag
 from .vnni_blocks import run32_1, run32_2, run32_3, run32_4
-from .vnni_kquant import runk4_1, runk4_2, runk4_3, runk4_4, runk6_1, runk6_2, runk6_3, runk6_4
+from .vnni_kquant import runk4_1, runk4_2, runk4_3, runk4_4
+from .vnni_q6k import runk6_1, runk6_2, runk6_3, runk6_4
 
 
 # ------------------------------------------------------------------------- drivers

@@ -51,7 +51,7 @@ from .placement import domains_from_plan
 from .plan_check import measure_alternating
 
 STREAM_MIN_BYTES = 3  # a streamed working set is at least this many times the LLC
-STEP_TOKENS, STEP_REPS = 8, 3  # decode steps timed per repetition, repetitions (median)
+STEP_TOKENS, STEP_REPS = 8, 5  # decode steps timed per repetition, repetitions (median)
 STREAM_MIN_CTX = 4096  # shorter rows read their KV less efficiently (more, smaller splits)
 OTHER_LOAD_MAX = 0.2  # a calibration during which other processes took more of the CPU time is not cached
 
@@ -279,7 +279,8 @@ def _decode_step(cal: Calibration, model, m: Machine, cores: list[int], llc: int
     """The executor's decode step on a shared domain of 1 and of all ``cores``, with 1 and 4
     sequences, at 16 tokens of context and at a long one: the work factors of this model
     (measured / predicted at 16 tokens) and the streamed attention rates of its head shape
-    (KV bytes of the difference / the difference in time)."""
+    (KV bytes of the difference / the median over repetitions of the long step less the
+    short one), all set-ups timed in one alternation."""
     config = model.config
     w16 = workload_from_model(model, ctx=16)
     everything = list(range(config.n_layer))
@@ -289,22 +290,29 @@ def _decode_step(cal: Calibration, model, m: Machine, cores: list[int], llc: int
     shape = attention_shape(config)
     cal.work_factor.pop(w16.name, None)
     factors, gbs = {}, {1: {}, 4: {}}
+    setups = []  # (cores, rows, plan, workload, long ctx): every one timed in one alternation
     for n in sorted({1, len(cores)}):
         for rows in (1, 4):
             w = w16.with_(concurrency=rows)
             plan = build(m, w, [Domain("shared", "shared", cores[:n], layers=everything)], "shared",
                          f"shared: {n} cores", rates, cal)
-            dom = domains_from_plan(plan, config)
             ctx = max(STREAM_MIN_CTX, -(-stream_bytes // (tok_bytes * rows * 16)) * 16)
-            short, long = (r["tpot_s"] for r in measure_alternating(model, [(dom, 16, rows), (dom, ctx, rows)],
-                                                                    n_tokens=STEP_TOKENS, reps=STEP_REPS))
-            gbs[rows][str(n)] = round(rows * (ctx - 16) * tok_bytes / max(long - short, 1e-6) / 1e9, 2)
-            key = f"{n}x{rows}"
-            base = predict(plan, m, w, cal, rates).model_s
-            cal.work_factor[w16.name] = {key: 2.0}  # the prediction is linear in the factor
-            rest = predict(plan, m, w, cal, rates).model_s - base
-            cal.work_factor.pop(w16.name)
-            factors[key] = round(min(4.0, max(0.25, (short - base + rest) / rest)), 3) if rest > 0 else 1.0
+            setups.append((n, rows, plan, w, ctx))
+    # the short and long steps of all set-ups in turn, so that a noisy host's slow seconds
+    # fall on all of them alike, and each long step less the short one of its repetition
+    timed = measure_alternating(model, [(domains_from_plan(plan, config), c, rows) for _, rows, plan, _, ctx in setups
+                                        for c in (16, ctx)], n_tokens=STEP_TOKENS, reps=STEP_REPS)
+    for i, (n, rows, plan, w, ctx) in enumerate(setups):
+        short_reps, long_reps = timed[2 * i]["steps_s"], timed[2 * i + 1]["steps_s"]
+        short = timed[2 * i]["tpot_s"]
+        extra = statistics.median(b - a for a, b in zip(short_reps, long_reps))  # paired: same moments
+        gbs[rows][str(n)] = round(rows * (ctx - 16) * tok_bytes / max(extra, 1e-6) / 1e9, 2)
+        key = f"{n}x{rows}"
+        base = predict(plan, m, w, cal, rates).model_s
+        cal.work_factor[w16.name] = {key: 2.0}  # the prediction is linear in the factor
+        rest = predict(plan, m, w, cal, rates).model_s - base
+        cal.work_factor.pop(w16.name)
+        factors[key] = round(min(4.0, max(0.25, (short - base + rest) / rest)), 3) if rest > 0 else 1.0
     cal.work_factor[w16.name] = factors
     cal.attention_stream_gbs[shape] = gbs[1]
     cal.attention_stream_gbs[f"{shape}@4"] = gbs[4]

@@ -22,7 +22,7 @@ from ..hw.machine import Machine
 
 OBSERVED_MAX = 256  # observations kept, the latest
 FEEDBACK_RIDGE = 0.1  # pull of the fitted per-part factors towards 1 (``Calibration.feedback``)
-METHOD_VERSION = 2  # what is measured and how (engine/calibrate.py): part of the cache key
+METHOD_VERSION = 3  # what is measured and how (engine/calibrate.py): part of the cache key
 
 @dataclass
 class Calibration:

@@ -5,13 +5,15 @@ Per micro-batch of b sequences, every domain's busy time is a sum over its opera
 
     matmul   max(read, compute) + tasks * task_ns + the tail of the last tile,
              read = weight bytes / (bw(level, cores the tiles keep busy) * matmul_read_efficiency),
-             compute = weights * (b // 4 + b % 4) / unpack rate + b * weights / int8 MAC rate
+             compute = weights * ceil(b / 4) / unpack rate + b * weights / int8 MAC rate
     attention max(KV bytes / bw(level of the KV), flops / attention rate) + one small op (rope, append)
     norms    small_op_ns each
 
-The weight-side work of a domain (matmuls, norms, its inner hand-offs) is scaled by the
-factor measured for this model's decode step on that many cores and rows
-(``Calibration.work_scale``); streamed KV goes at the rate measured in the step
+The weight-side work of a domain (the matmuls' weight reads, norms, its inner hand-offs) is
+scaled by the factor measured for this model's decode step on that many cores and rows
+(``Calibration.work_scale``), the matmuls' compute term not: the factor is measured at 1
+and 4 rows, where the reads bound the matmuls, and a verification step of more rows is
+bound by the compute it never saw; streamed KV goes at the rate measured in the step
 (``Calibration.attention_gbs``), which bounds the attention's compute term too.
 
 Weights are read at the level where their group lives (``Domain.resident_level``: L2, LLC,
@@ -126,7 +128,7 @@ def _matmul(acc: _Acc, w: Workload, cal: Calibration, rates: Rates, cores, layer
         unpack, macs = cal.unpack_macs(qtype)
         compute += n_weights * unpacks / (t_eff * unpack) + n_weights * b / (t_eff * macs)
     f = acc.scale
-    read, compute = f * read, f * compute
+    read = f * read
     over = f * tasks * cal.task_ns * 1e-9 / t_eff
     body = max(read, compute)
     # tiles are claimed dynamically: while the last tile runs, the other workers of the

@@ -35,6 +35,7 @@ from llcinfer.engine.calibrate import ensure_calibration  # noqa: E402
 from llcinfer.engine.placement import domains_from_plan  # noqa: E402
 from llcinfer.engine.plan_check import measure_alternating  # noqa: E402
 from llcinfer.engine.transformer import Transformer  # noqa: E402
+from llcinfer.errors import LLCInferError  # noqa: E402
 from llcinfer.jit import set_threads  # noqa: E402
 from llcinfer.model import catalog  # noqa: E402
 from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--append", action="store_true",
                     help="add rows to the JSON file and take its observations as the start")
     a = ap.parse_args()
+    if a.threads < 1 or a.reps < 1 or a.tokens < 1:
+        ap.error("--threads, --reps and --tokens take positive integers")
     threads = set_threads(a.threads)
     machine = detect_machine(probe=False)
     out = Path(a.json or f"perf/results/plan-vs-measured-{datetime.date.today()}.json")
@@ -126,4 +129,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LLCInferError as exc:
+        sys.exit(f"error: {exc}")

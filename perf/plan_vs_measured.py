@@ -76,7 +76,6 @@ def main() -> None:
         cal = ensure_calibration(model, machine, threads)
         doc["calibration_s"][name] = round(time.perf_counter() - t0, 2)
         cal.observed = list(doc.get("observed", []))  # what the earlier rows fed back
-        start_observed = list(cal.observed)
         workloads = [workload_from_model(model, ctx=ctx, concurrency=conc) for ctx, conc in CONFIGS]
         # every configuration's chosen plan and other kind, as the planner sees them before
         # this model's rows feed back, timed in one alternation (all see the same moments)
@@ -89,7 +88,6 @@ def main() -> None:
         measured = dict(zip(setups, measure_alternating(
             model, [(dom, ctx, conc) for (ctx, conc, _), (_, dom) in setups.items()], n_tokens=a.tokens, reps=a.reps)))
         doc["measure_wall_s"] = {**doc.get("measure_wall_s", {}), name: round(time.perf_counter() - t1, 2)}
-        cal.observed = start_observed
         for (ctx, conc), w in zip(CONFIGS, workloads):
             plan = make_plan(machine, w, threads=threads, calibration=cal)  # with the earlier rows' feedback
             row = {"model": name, "ctx": ctx, "concurrency": conc, "threads": threads}

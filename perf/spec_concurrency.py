@@ -12,7 +12,8 @@ one function per request, so every answer copies its own prompt.  (With "add typ
 SmolLM2-135M wrote new code for most of these functions: 0.001 verifications per token at
 C = 4 and 8, nothing to compare.)  Per policy: aggregate throughput (generated tokens / wall
 time of the batch, prompt included for all alike), verification steps per generated token,
-share of verified draft tokens wasted.  All three configurations run on one ``LLM`` per
+share of verified draft tokens wasted, and the requests' mean TPOT (each request's time
+per token after its first) against plain's.  All three configurations run on one ``LLM`` per
 concurrency (the per-sequence speculator shares the super-tree one's drafter and measured
 cost; each keeps its measured acceptance and pacer account from run to run, as a
 server's would), in turn, backwards on odd repetitions, each run with fresh statistics and
@@ -90,7 +91,8 @@ def _batch(llm, speculator, prompts: list, n: int) -> dict:
     done = llm.engine.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     wall = time.perf_counter() - t0
     gen = sum(d.stats.n_generated for d in done)
-    out = {"tokens_per_s": gen / wall, "generated": gen, "outputs": [d.token_ids for d in done]}
+    out = {"tokens_per_s": gen / wall, "generated": gen, "outputs": [d.token_ids for d in done],
+           "request_tpot_ms": statistics.mean(d.stats.tpot_ms for d in done)}
     if speculator is not None:
         st = speculator.stats
         out.update(verifications_per_token=st.verifications / gen, wasted=st.wasted_share,
@@ -173,6 +175,7 @@ def measure(a, levels: list[int], configs: list[tuple[str, str]]) -> list[dict]:
             rs = res[(spec, policy)]
             tps = statistics.median(r["tokens_per_s"] for r in rs)
             vs_plain = statistics.median(r["tokens_per_s"] / p["tokens_per_s"] for r, p in zip(rs, plain))
+            tpot_vs_plain = statistics.median(r["request_tpot_ms"] / p["request_tpot_ms"] for r, p in zip(rs, plain))
             r = rs[-1]
             label = "plain" if spec == "none" else f"{spec} {policy}"
             extra = ""
@@ -180,9 +183,11 @@ def measure(a, levels: list[int], configs: list[tuple[str, str]]) -> list[dict]:
                 extra = (f"verif/token {r['verifications_per_token']:.3f}, wasted {100 * r['wasted']:.0f}%, "
                          f"acc/tree {r['accepted_per_tree']:.2f}, K_max {r['k_max']}"
                          + ("" if r["outputs"] == want else ", OUTPUT DIFFERS"))
-            print(f"C={c} {label:40s} {tps:7.1f} tok/s  {vs_plain:5.2f}x plain  {extra}", flush=True)
+            print(f"C={c} {label:40s} {tps:7.1f} tok/s  {vs_plain:5.2f}x plain  request TPOT {tpot_vs_plain:5.2f}x  "
+                  f"{extra}", flush=True)
             rows.append({"concurrency": c, "spec": spec, "policy": policy, "tokens_per_s": tps,
-                         "vs_plain": vs_plain, **{k: v for k, v in r.items() if k not in ("outputs",)}})
+                         "vs_plain": vs_plain, "request_tpot_vs_plain": tpot_vs_plain,
+                         **{k: v for k, v in r.items() if k not in ("outputs",)}})
     return rows
 
 

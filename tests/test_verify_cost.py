@@ -57,7 +57,7 @@ def _predicted(workload_args, topology="epyc-9684x", threads=8, cal=None):
 
 def test_predicted_curve_grows_with_rows_and_responds_to_compute_and_context():
     base, sec = _predicted({"ctx": 512, "concurrency": 1})
-    at = dict(zip(VERIFY_ROWS, sec))
+    assert len(sec) == len(VERIFY_ROWS)
     assert all(b >= a - 1e-12 for a, b in zip(sec, sec[1:]))  # every row count has its own tile
     assert 1 <= base.k_max <= 64 and base.slope_s > 0 and base.decode_s > 0
     fast = Calibration(matmul_macs_per_core=4 * Calibration().matmul_macs_per_core,

@@ -1,7 +1,7 @@
 """The per-group inner loops of vnni_matmul.py for the 32-value block types (Q4_0, Q4_1,
 Q5_0, Q8_0; the K-quants are in vnni_kquant.py): one group of W packed weight rows against
-one row (``run32_1``), two (``run32_2``), three (``run32_3``) or four rows (``run32_4``)
-of int8 activations, returning the group's f32 accumulator vectors.  ``dec32`` decodes a block to
+one row (``run32_1``), two (``run32_2``), or three or four rows (``run32_4``) of int8
+activations, returning the group's f32 accumulator vectors.  ``dec32`` decodes a block to
 bytes, ``_acc32`` feeds them to one row.  vnni_matmul.py explains the arithmetic.
 
 Every row's accumulator sees the same operations in the same order in every tile, so an
@@ -164,32 +164,10 @@ def run32_2(qt, wa, xa, xda, xsa, K, m, tag):
 
 
 @inline_kernel
-def run32_3(qt, wa, xa, xda, xsa, K, m, tag):
-    """Activation rows m..m+2 (the remainder of 3 rows): each block decoded once, used by
-    the 3 rows; the first pass (m = 0) prefetches the next group's blocks, as run32_4."""
-    bs = block_bytes(qt) * vlanes(tag)
-    nb = K // 32
-    x0 = xa + m * K
-    a0 = vzero_f(tag)
-    a1 = vzero_f(tag)
-    a2 = vzero_f(tag)
-    ahead = nb * bs  # the next group's block b lies one group further
-    for b in range(nb):
-        o = b * bs
-        if m == 0:
-            _w_part(wa, o + ahead, bs)
-        qs = dec32(qt, wa, o, tag)
-        i = m * nb + b
-        a0 = _acc32(qt, wa, o, qs, x0, ldf(xda, i), ldi(xsa, i), 32 * b, a0, tag)
-        a1 = _acc32(qt, wa, o, qs, x0 + K, ldf(xda, i + nb), ldi(xsa, i + nb), 32 * b, a1, tag)
-        a2 = _acc32(qt, wa, o, qs, x0 + 2 * K, ldf(xda, i + 2 * nb), ldi(xsa, i + 2 * nb), 32 * b, a2, tag)
-    return a0, a1, a2
-
-
-@inline_kernel
-def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
-    """Activation rows m..m+3: each block decoded once, used by the 4 rows; the first
-    pass (m = 0) prefetches the next group's blocks along (vnni_matmul.py)."""
+def run32_4(qt, wa, xa, xda, xsa, K, m, R, tag):
+    """Activation rows m..m+R-1, R = 4, or 3 (the remainder of M = 3, 7, ...; the fourth
+    accumulator stays zero): each block decoded once, used by the R rows; the first pass
+    (m = 0) prefetches the next group's blocks along (vnni_matmul.py)."""
     bs = block_bytes(qt) * vlanes(tag)
     nb = K // 32
     x0 = xa + m * K
@@ -207,5 +185,6 @@ def run32_4(qt, wa, xa, xda, xsa, K, m, tag):
         a0 = _acc32(qt, wa, o, qs, x0, ldf(xda, i), ldi(xsa, i), 32 * b, a0, tag)
         a1 = _acc32(qt, wa, o, qs, x0 + K, ldf(xda, i + nb), ldi(xsa, i + nb), 32 * b, a1, tag)
         a2 = _acc32(qt, wa, o, qs, x0 + 2 * K, ldf(xda, i + 2 * nb), ldi(xsa, i + 2 * nb), 32 * b, a2, tag)
-        a3 = _acc32(qt, wa, o, qs, x0 + 3 * K, ldf(xda, i + 3 * nb), ldi(xsa, i + 3 * nb), 32 * b, a3, tag)
+        if R == 4:
+            a3 = _acc32(qt, wa, o, qs, x0 + 3 * K, ldf(xda, i + 3 * nb), ldi(xsa, i + 3 * nb), 32 * b, a3, tag)
     return a0, a1, a2, a3

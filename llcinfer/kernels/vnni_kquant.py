@@ -1,7 +1,7 @@
 """The per-group inner loops of vnni_matmul.py for Q4_K (256-value super-blocks; Q6_K's
 are in vnni_q6k.py, with the prefetch distance and activation prefetch of this module):
-one group of W packed weight rows against one row (``runk4_1``), two (``runk4_2``),
-three (``runk4_3``) or four rows (``runk4_4``) of int8 activations, returning the group's f32
+one group of W packed weight rows against one row (``runk4_1``), two (``runk4_2``), or
+three or four rows (``runk4_4``) of int8 activations, returning the group's f32
 accumulator vectors.  vnni_matmul.py explains the arithmetic, repack.py the layout.
 
 Every row's accumulator sees the same operations in the same order in every tile (per
@@ -124,46 +124,10 @@ def runk4_2(wa, xa, xda, xsa, K, m, tag):
 
 
 @kernel
-def runk4_3(wa, xa, xda, xsa, K, m, tag):
-    """Rows m..m+2 (the remainder of 3 rows, M = 3, 7, ...): each sub-block decoded once for
-    the 3; the next group's weights prefetched in the first pass (m = 0), as runk4_4."""
-    W = vlanes(tag)
-    bs = 148 * W
-    nb = K // 256
-    x0 = xa + m * K
-    xs0 = xsa + 2 * m * (K // 16)
-    xss = 2 * (K // 16)
-    a0 = vzero_f(tag)
-    a1 = vzero_f(tag)
-    a2 = vzero_f(tag)
-    ahead = nb * bs  # the next group's super-block b lies one group further
-    for b in range(nb):
-        o = b * bs
-        for r in range(3):
-            _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
-        s0 = vzero_i(tag)
-        s1 = vzero_i(tag)
-        s2 = vzero_i(tag)
-        n0 = vzero_i(tag)
-        n1 = vzero_i(tag)
-        n2 = vzero_i(tag)
-        for s in range(8):
-            if m == 0:  # the first pass over the group: the next one's weights
-                _w_part(wa, o + ahead + s * (bs // 8), bs // 8)
-            qs = _nib8(wa, o + 20 * W + 16 * W * s, tag)
-            mp = _pair_u8(wa, o + 12 * W + s * W, tag)
-            s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k4_sub(wa, o, s, qs, mp, x0 + K, xs0 + xss, b, s1, n1, tag)
-            s2, n2 = _k4_sub(wa, o, s, qs, mp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
-        i = m * nb + b
-        a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
-        a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
-        a2 = _k4_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
-    return a0, a1, a2
-
-
-@kernel
-def runk4_4(wa, xa, xda, xsa, K, m, tag):
+def runk4_4(wa, xa, xda, xsa, K, m, R, tag):
+    """Rows m..m+R-1, R = 4, or 3 (the remainder of M = 3, 7, ...; the fourth accumulator
+    stays zero): each sub-block decoded once for the R rows; the next group's weights
+    prefetched in the first pass (m = 0)."""
     W = vlanes(tag)
     bs = 148 * W
     nb = K // 256
@@ -177,7 +141,7 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
     ahead = nb * bs  # the next group's super-block b lies one group further
     for b in range(nb):
         o = b * bs
-        for r in range(4):
+        for r in range(R):
             _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
         s0 = vzero_i(tag)
         s1 = vzero_i(tag)
@@ -195,10 +159,12 @@ def runk4_4(wa, xa, xda, xsa, K, m, tag):
             s0, n0 = _k4_sub(wa, o, s, qs, mp, x0, xs0, b, s0, n0, tag)
             s1, n1 = _k4_sub(wa, o, s, qs, mp, x0 + K, xs0 + xss, b, s1, n1, tag)
             s2, n2 = _k4_sub(wa, o, s, qs, mp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
-            s3, n3 = _k4_sub(wa, o, s, qs, mp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
+            if R == 4:
+                s3, n3 = _k4_sub(wa, o, s, qs, mp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
         i = m * nb + b
         a0 = _k4_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
         a1 = _k4_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
         a2 = _k4_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
-        a3 = _k4_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
+        if R == 4:
+            a3 = _k4_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
     return a0, a1, a2, a3

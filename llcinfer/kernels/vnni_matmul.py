@@ -21,14 +21,14 @@ vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed byt
 (llama.cpp's sign trick), its bias term unused.
 
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded
-once and fed to the 4 rows' accumulators; a remainder of 3, 2 or 1 rows takes a tile of
-its own (M = 3: one pass, M = 7: 4 + 3).  A group's weights stay in L1/L2 while every row
-of x passes over them.  The one-row loops (decode) and the 32-value types' 2-row loop
-prefetch the weight stream a little ahead (``vnni_blocks.W_AHEAD``, ``vnni_kquant.K_AHEAD``
-bytes; groups are contiguous, so past a group lies the next); the 3- and 4-row loops and
-the K-quants' 2-row loop, in the first pass over a group, prefetch the next group, block
-by block: a tile of a verification step computes long enough per group for the whole next
-group to arrive from DRAM.  The loops over one group, per weight type, are
+once and fed to the 4 rows' accumulators; a remainder of 3 takes the 4-row loop without
+its fourth row, of 2 or 1 a tile of its own (M = 3: one pass, M = 7: 4 + 3).  A group's
+weights stay in L1/L2 while every row of x passes over them.  The one-row loops (decode)
+and the 32-value types' 2-row loop prefetch the weight stream a little ahead
+(``vnni_blocks.W_AHEAD``, ``vnni_kquant.K_AHEAD`` bytes; groups are contiguous, so past a
+group lies the next); the 4-row loops and the K-quants' 2-row loop, in the first pass over
+a group, prefetch the next group, block by block: a tile of a verification step computes
+long enough per group for the whole next group to arrive from DRAM.  The loops over one group, per weight type, are
 in vnni_blocks.py, vnni_kquant.py (Q4_K) and vnni_q6k.py; this module holds the drivers.
 """
 
@@ -37,9 +37,9 @@ from numba import prange
 from ..jit import inline_kernel, kernel, parallel_kernel
 from ..weights.repack import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 from .simd import addr, stf, vlane, vlanes, vstore, vtag
-from .vnni_blocks import run32_1, run32_2, run32_3, run32_4
-from .vnni_kquant import runk4_1, runk4_2, runk4_3, runk4_4
-from .vnni_q6k import runk6_1, runk6_2, runk6_3, runk6_4
+from .vnni_blocks import run32_1, run32_2, run32_4
+from .vnni_kquant import runk4_1, runk4_2, runk4_4
+from .vnni_q6k import runk6_1, runk6_2, runk6_4
 
 
 # ------------------------------------------------------------------------- drivers
@@ -64,11 +64,11 @@ def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
     m = 0
     while m + 4 <= M:
         if qt == Q4_K:
-            a0, a1, a2, a3 = runk4_4(wa, xa, xda, xsa, K, m, tag)
+            a0, a1, a2, a3 = runk4_4(wa, xa, xda, xsa, K, m, 4, tag)
         elif qt == Q6_K:
-            a0, a1, a2, a3 = runk6_4(wa, xa, xda, xsa, K, m, tag)
+            a0, a1, a2, a3 = runk6_4(wa, xa, xda, xsa, K, m, 4, tag)
         else:
-            a0, a1, a2, a3 = run32_4(qt, wa, xa, xda, xsa, K, m, tag)
+            a0, a1, a2, a3 = run32_4(qt, wa, xa, xda, xsa, K, m, 4, tag)
         _put(ya, ny, m, n0, nv, a0, tag)
         _put(ya, ny, m + 1, n0, nv, a1, tag)
         _put(ya, ny, m + 2, n0, nv, a2, tag)
@@ -76,11 +76,11 @@ def _rows(qt, wa, g, xa, xda, xsa, M, K, ya, ny, tag):
         m += 4
     if m + 3 == M:
         if qt == Q4_K:
-            a0, a1, a2 = runk4_3(wa, xa, xda, xsa, K, m, tag)
+            a0, a1, a2, _ = runk4_4(wa, xa, xda, xsa, K, m, 3, tag)
         elif qt == Q6_K:
-            a0, a1, a2 = runk6_3(wa, xa, xda, xsa, K, m, tag)
+            a0, a1, a2, _ = runk6_4(wa, xa, xda, xsa, K, m, 3, tag)
         else:
-            a0, a1, a2 = run32_3(qt, wa, xa, xda, xsa, K, m, tag)
+            a0, a1, a2, _ = run32_4(qt, wa, xa, xda, xsa, K, m, 3, tag)
         _put(ya, ny, m, n0, nv, a0, tag)
         _put(ya, ny, m + 1, n0, nv, a1, tag)
         _put(ya, ny, m + 2, n0, nv, a2, tag)

@@ -1,6 +1,6 @@
 """The per-group inner loops of vnni_matmul.py for Q6_K (256-value super-blocks of 6-bit
 weights, 16 scales of 16 values): one group of W packed weight rows against one row
-(``runk6_1``), two (``runk6_2``), three (``runk6_3``) or four rows (``runk6_4``) of int8
+(``runk6_1``), two (``runk6_2``), or three or four rows (``runk6_4``) of int8
 activations.  The prefetching and the tile rules are vnni_kquant.py's (Q4_K);
 vnni_matmul.py explains the arithmetic, repack.py the layout.
 """
@@ -118,45 +118,8 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
 
 
 @kernel
-def runk6_3(wa, xa, xda, xsa, K, m, tag):
-    """Rows m..m+2, as runk4_3."""
-    W = vlanes(tag)
-    bs = 210 * W
-    nb = K // 256
-    x0 = xa + m * K
-    xs0 = xsa + 2 * m * (K // 16)
-    xss = 2 * (K // 16)
-    a0 = vzero_f(tag)
-    a1 = vzero_f(tag)
-    a2 = vzero_f(tag)
-    ahead = nb * bs  # the next group's super-block b lies one group further
-    for b in range(nb):
-        o = b * bs
-        for r in range(3):
-            _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
-        s0 = vzero_i(tag)
-        s1 = vzero_i(tag)
-        s2 = vzero_i(tag)
-        n0 = vzero_i(tag)
-        n1 = vzero_i(tag)
-        n2 = vzero_i(tag)
-        for c in range(8):
-            if m == 0:  # the first pass over the group: the next one's weights
-                _w_part(wa, o + ahead + c * (bs // 8), bs // 8)
-            qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
-            s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
-            s2, n2 = _k6_chunk(wa, o, c, qs, sp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
-        i = m * nb + b
-        a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
-        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
-        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
-    return a0, a1, a2
-
-
-@kernel
-def runk6_4(wa, xa, xda, xsa, K, m, tag):
+def runk6_4(wa, xa, xda, xsa, K, m, R, tag):
+    """Rows m..m+R-1, R = 4 or 3, as runk4_4."""
     W = vlanes(tag)
     bs = 210 * W
     nb = K // 256
@@ -170,7 +133,7 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
     ahead = nb * bs  # the next group's super-block b lies one group further
     for b in range(nb):
         o = b * bs
-        for r in range(4):
+        for r in range(R):
             _x_ahead(x0 + r * K, xs0 + r * xss, b + 1)
         s0 = vzero_i(tag)
         s1 = vzero_i(tag)
@@ -188,10 +151,12 @@ def runk6_4(wa, xa, xda, xsa, K, m, tag):
             s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
             s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
             s2, n2 = _k6_chunk(wa, o, c, qs, sp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
-            s3, n3 = _k6_chunk(wa, o, c, qs, sp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
+            if R == 4:
+                s3, n3 = _k6_chunk(wa, o, c, qs, sp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
         i = m * nb + b
         a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
         a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
         a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
-        a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
+        if R == 4:
+            a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
     return a0, a1, a2, a3

@@ -167,7 +167,7 @@ class Speculator:
                 return
         t0 = time.perf_counter()
         asks = []
-        if catch_up_s is not None:
+        if catch_up_s is not None and not copies_only:  # copies read no tokens into the draft
             gain_per_step = self.gain_s(n, 1)
         for c in decoding:
             req = c.request

@@ -13,6 +13,10 @@ that always score, and reuse at each --cos, in turn (A B C D A B C D ...), over 
 --span positions before the depth, the sequence truncated back before each of --passes
 passes.  A block's mean step time counts its scoring steps at their share; medians over
 blocks, the first of each kind dropped.  Also the selections scored and reused per kind.
+With --indexers N, one more kind: reuse at the first --cos with only N sparse layers
+owning an indexer (chosen on calibration loss as ``LLM(sparse_indexers=N)`` chooses them,
+cached), on a second executor whose index cache starts as a copy of the first one's
+(the positions decoded here stay in the window, so neither scores the other's keys).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sparse_bench as sb  # noqa: E402
 
 from llcinfer import jit  # noqa: E402
-from llcinfer.engine.sparse_setup import model_basis  # noqa: E402
+from llcinfer.engine.sparse_setup import model_basis, with_chosen_layers  # noqa: E402
 from llcinfer.executor import DecodeExecutor, default_domains  # noqa: E402
 from llcinfer.kernels.sparse_index import COUNT_REUSED, COUNT_SELECTIONS  # noqa: E402
 from llcinfer.kv import PagedSequence  # noqa: E402
@@ -57,9 +61,24 @@ def run(a) -> dict:
         sb.save_state(state, pool, seq, sp, toks[:seq.n_tokens])
     kinds = {"dense": dataclasses.replace(cfg, min_context=sb.NEVER), "sparse": dataclasses.replace(cfg, reuse_steps=0)}
     kinds.update({f"reuse {c}": dataclasses.replace(cfg, reuse_steps=a.steps_back, reuse_cos=c) for c in a.cos})
+    fewer = None  # (kind, its SparseAttention) with --indexers
+    if a.indexers:
+        asked = SparseConfig(min_context=cfg.min_context, indexers=a.indexers, reuse_steps=a.steps_back,
+                             reuse_cos=a.cos[0])
+        sp_few = SparseAttention(with_chosen_layers(tm, tok, asked, print).for_context(a.depth), sp.basis, pool,
+                                 tm.config.n_head)
+        for li in sp_few.index.full_layers:
+            sp_few.index.idx[sp_few.index.slot_of[li]] = sp.index.idx[sp.index.slot_of[li]]
+            sp_few.index.isc[sp_few.index.slot_of[li]] = sp.index.isc[sp.index.slot_of[li]]
+        fewer = (f"reuse {a.cos[0]}, {a.indexers} indexers", sp_few)
+        kinds[fewer[0]] = sp_few.config
     wait_loaded()
     tm.sparse = sp
     ex = DecodeExecutor(tm, default_domains(a.threads))
+    executors = {k: ex for k in kinds}
+    if fewer:
+        tm.sparse = fewer[1]
+        executors[fewer[0]] = DecodeExecutor(tm, default_domains(a.threads), workers=ex.workers)
     blocks = {k: [] for k in kinds}  # per kind: mean step seconds of each block
     counts = {k: np.zeros(2, np.int64) for k in kinds}  # per kind: selections scored, reused
     start = a.depth - a.span
@@ -67,14 +86,19 @@ def run(a) -> dict:
         seq.truncate(start)
         for b in range(a.span // a.block):
             kind = list(kinds)[b % len(kinds)]
-            sp.config = kinds[kind]
-            sp.conf[:] = sp.config.kernel_conf(pool.block_size)
-            c0 = ex.sparse_counts[..., [COUNT_SELECTIONS, COUNT_REUSED]].sum(axis=(0, 1))
+            run_ex = executors[kind]
+            tm.sparse = run_ex.sparse
+            if run_ex is ex:
+                sp.config = kinds[kind]
+                sp.conf[:] = sp.config.kernel_conf(pool.block_size)
+            c0 = run_ex.sparse_counts[..., [COUNT_SELECTIONS, COUNT_REUSED]].sum(axis=(0, 1))
             t = time.perf_counter()
             for _ in range(a.block):
-                ex.step([seq], [toks[seq.n_tokens]])
+                run_ex.step([seq], [toks[seq.n_tokens]])
             blocks[kind].append((time.perf_counter() - t) / a.block)
-            counts[kind] += ex.sparse_counts[..., [COUNT_SELECTIONS, COUNT_REUSED]].sum(axis=(0, 1)) - c0
+            counts[kind] += run_ex.sparse_counts[..., [COUNT_SELECTIONS, COUNT_REUSED]].sum(axis=(0, 1)) - c0
+    for e in set(executors.values()) - {ex}:
+        e.close()
     ex.close()
     med = {k: statistics.median(v[1:]) * 1e3 for k, v in blocks.items()}
     out = {"model": a.model, "depth": a.depth, "span": a.span, "threads": a.threads, "steps_back": a.steps_back,
@@ -98,6 +122,8 @@ def main() -> None:
     ap.add_argument("--passes", type=sb._count(1), default=3)
     ap.add_argument("--steps-back", type=sb._count(1), default=4, help="reuse_steps of the reuse kinds")
     ap.add_argument("--cos", type=float, nargs="+", default=[0.9, 0.8], help="reuse_cos of each reuse kind")
+    ap.add_argument("--indexers", type=sb._count(1), default=None,
+                    help="also reuse at the first --cos with this many sparse layers owning an indexer")
     ap.add_argument("--threads", type=sb._count(1), default=2)
     ap.add_argument("--json")
     a = ap.parse_args()

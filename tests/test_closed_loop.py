@@ -200,6 +200,23 @@ def test_feedback_fits_the_weight_and_attention_parts():
     assert one.prediction.tpot_s == pytest.approx(one.prediction.model_s)
 
 
+def test_streamed_sets_are_sized_from_the_measured_llc():
+    """A guest told of 480 MiB of LLC whose reads fall to DRAM level near 100 MiB (the
+    curve measured on such a host, 2026-12-07): the calibration's streamed working sets
+    follow the curve, not the report; with no curve, the report."""
+    from llcinfer.engine.calibrate import stream_llc_bytes
+    from llcinfer.hw.machine import CacheLevel
+
+    m = load_topology("ci-2core")
+    big = CacheLevel(3, 480 << 20, [list(m.cpus)])
+    sizes = [256 << 10, 840 << 10, 2756 << 10, 9044 << 10, 29678 << 10, 97386 << 10, 319557 << 10, 1 << 30]
+    gbs = {1: [89.9, 91.2, 79.6, 42.9, 27.8, 17.5, 14.6, 14.6], 2: [272.4, 172.0, 171.8, 119.4, 54.8, 42.3, 28.4, 28.1]}
+    curve = [(w, t, g[i]) for t, g in gbs.items() for i, w in enumerate(sizes)]
+    guest = dataclasses.replace(m, caches=[c for c in m.caches if c.level < 3] + [big], bandwidth=curve)
+    assert 30 << 20 < stream_llc_bytes(guest) < 100 << 20
+    assert stream_llc_bytes(dataclasses.replace(guest, bandwidth=[])) == 480 << 20
+
+
 def test_decode_step_calibration_fills_rates_and_factors(tmp_path, monkeypatch):
     """The in-step calibration on a tiny model, one core: work factors for 1 and 4 rows and
     streamed attention rates of its head shape, within their clamps and positive."""

@@ -41,7 +41,7 @@ from ..kernels.simd import make_tag
 from ..kernels.tables import F16_TO_F32
 from ..kernels.vnni_matmul import vnni_matmul_table
 from ..kv import PagedSequence, new_pool
-from ..planner.bandwidth import Rates
+from ..planner.bandwidth import Rates, effective_llc_bytes
 from ..planner.calibration import Calibration, cache_key
 from ..planner.candidates import budget_cores, sensible_k
 from ..planner.cost import predict
@@ -72,6 +72,16 @@ def attention_shape(config) -> str:
     return f"{config.n_head}/{config.n_kv_head}x{config.head_dim}"
 
 
+def stream_llc_bytes(m: Machine) -> int:
+    """The LLC bytes a streamed working set must exceed: the effective LLC of ``m``'s
+    bandwidth curve (where its reads fall to near DRAM level), bounded by the reported
+    size.  A guest can be told of far more LLC than it gets (480 MiB reported, about 100
+    MiB behaving as cache), and sets sized from the report (1.4 GB there) only make the
+    calibration slower."""
+    reported = (m.llc.size_bytes * len(m.llc.instances)) if m.llc else 32 << 20
+    return effective_llc_bytes(m.bandwidth, cap_bytes=reported) if m.bandwidth else reported
+
+
 def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration:
     """The cached calibration for ``m``, with whatever ``model`` needs that it lacks measured
     now (a few seconds, once) and saved (``save_if_quiet``)."""
@@ -79,7 +89,6 @@ def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration
     cal = Calibration.load(key)
     counts = core_counts(m, threads)
     cores = budget_cores(m, threads)
-    llc = (m.llc.size_bytes * len(m.llc.instances)) if m.llc else 32 << 20
     todo = []
     if m.bandwidth_source == "estimated" or not {int(t) for _, t, _ in m.bandwidth} >= set(counts):
         todo.append(("bandwidth", lambda: _bandwidth(m, counts)))
@@ -88,12 +97,13 @@ def ensure_calibration(model, m: Machine, threads: int, log=_log) -> Calibration
         todo.append((f"attention {shape}", lambda: _attention(cal, model.config)))
     lins = _matrices(model)
     for qt in sorted(q for q in {lin.qtype.name for lin in lins} if f"{q}@4" not in cal.matmul_stream_gbs):
-        todo.append((f"matmul {qt}", lambda qt=qt: _matmul(cal, [x for x in lins if x.qtype.name == qt], counts, llc)))
+        todo.append((f"matmul {qt}", lambda qt=qt: _matmul(cal, [x for x in lins if x.qtype.name == qt], counts,
+                                                           stream_llc_bytes(m))))
     if "step" not in cal.measured:
         todo.append(("step", lambda: _step_overhead(cal, model, cores)))
     name = workload_from_model(model, ctx=16).name
     if name not in cal.work_factor or f"{shape}@4" not in cal.attention_stream_gbs:
-        todo.append((f"decode step {name}", lambda: _decode_step(cal, model, m, cores, llc)))
+        todo.append((f"decode step {name}", lambda: _decode_step(cal, model, m, cores, stream_llc_bytes(m))))
     if not todo:
         return cal
     log(f"calibrating this machine's kernels (once per machine and kernel version; "

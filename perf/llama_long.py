@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llcinfer.bench.spec import llama_tool  # noqa: E402
+from llcinfer.bench.spec import run_llama_tool  # noqa: E402
 from llcinfer.errors import LLCInferError  # noqa: E402
-from llcinfer.jit import child_env  # noqa: E402
 from llcinfer.model import catalog  # noqa: E402
 from llcinfer.model.gguf_file import GGUFFile  # noqa: E402
 from llcinfer.model.tokenizer import Tokenizer  # noqa: E402
@@ -34,18 +32,18 @@ from llcinfer.sparse import stdlib_text  # noqa: E402
 def run(model_path: Path, text: str, n_ctx: int, n: int, threads: int) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(text)
-    cmd = [str(llama_tool("llama-completion")), "-m", str(model_path), "-f", f.name, "-n", str(n), "-t", str(threads),
-           "--temp", "0", "-c", str(n_ctx), "--ignore-eos", "-no-cnv"]
+    args = ["-m", str(model_path), "-f", f.name, "-n", str(n), "-t", str(threads),
+            "--temp", "0", "-c", str(n_ctx), "--ignore-eos", "-no-cnv"]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=child_env())
+        out, build = run_llama_tool("llama-completion", args, timeout=3600)
     finally:
         Path(f.name).unlink(missing_ok=True)
     log = out.stdout + out.stderr
     pp = re.search(r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens", log)
     tg = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
     if pp is None or tg is None:
-        raise SystemExit(f"llama-completion failed: {log[-800:]}")
-    return {"prompt_tokens": int(pp.group(2)), "ttft_s": float(pp.group(1)) / 1e3,
+        raise SystemExit(f"llama-completion ({build}, exit {out.returncode}) failed: {log[-800:]}")
+    return {"build": build, "prompt_tokens": int(pp.group(2)), "ttft_s": float(pp.group(1)) / 1e3,
             "prompt_tokens_per_s": int(pp.group(2)) / (float(pp.group(1)) / 1e3),
             "tpot_ms": float(tg.group(1)) / int(tg.group(2)), "eval_runs": int(tg.group(2))}
 

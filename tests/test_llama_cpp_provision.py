@@ -22,6 +22,7 @@ _MODULE_PATH = Path(__file__).resolve().parents[1] / "perf" / "llama_cpp.py"
 
 from llcinfer import paths  # noqa: E402
 from llcinfer.bench import llama_cpp as lc  # noqa: E402
+from llcinfer.errors import UsageError  # noqa: E402
 
 ZEN4_FLAGS = set(
     "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 bmi2 avx512f avx512dq avx512cd "
@@ -340,3 +341,27 @@ def test_built_llama_tokenize_runs():
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-2000:]
     assert "--ids" in out or "usage" in out.lower()
+
+
+def _fake_tool(home, config, name, body):
+    exe = home / "llama.cpp" / config / "bin" / name
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text("#!/bin/sh\n" + body + "\n")
+    exe.chmod(0o755)
+
+
+def test_comparison_tools_fall_back_to_portable_when_native_dies(tmp_path, monkeypatch):
+    """A native build killed by a signal (AMX tiles at their first batched matmul) is run again
+    as the portable build; a native build that exits with an error is not retried."""
+    from llcinfer.bench.spec import run_llama_tool
+
+    monkeypatch.setenv("LLCINFER_HOME", str(tmp_path))
+    _fake_tool(tmp_path, "native", "llama-completion", "kill -SEGV $$")
+    _fake_tool(tmp_path, "portable", "llama-completion", 'echo "portable $1"')
+    out, config = run_llama_tool("llama-completion", ["-m"], timeout=30)
+    assert config == "portable" and out.returncode == 0 and out.stdout.strip() == "portable -m"
+    _fake_tool(tmp_path, "native", "llama-completion", "echo bad arguments >&2; exit 1")
+    out, config = run_llama_tool("llama-completion", ["-m"], timeout=30)
+    assert config == "native" and out.returncode == 1 and "bad arguments" in out.stderr
+    with pytest.raises(UsageError, match="not built"):
+        run_llama_tool("llama-speculative-simple", [], timeout=30)

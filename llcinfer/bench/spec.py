@@ -92,34 +92,54 @@ def llama_tool(name: str) -> Path:
     return exe
 
 
+def run_llama_tool(name: str, args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, str]:
+    """Run llama.cpp's tool ``name`` with ``args``: the native build, and where it was killed by a
+    signal the portable one (on an Intel host with AMX the native build's tile kernels can die
+    at their first batched matmul: perf/README.md, llama.cpp builds); (its result, the config)."""
+    out, config = None, None
+    for config in ("native", "portable"):
+        exe = llama_cpp.binary(config, name)
+        if exe is None:
+            continue
+        out = subprocess.run([str(exe)] + args, capture_output=True, text=True, timeout=timeout,
+                             env=child_env())  # not our OpenMP waiting policy
+        if out.returncode >= 0:
+            break
+    if out is None:
+        raise UsageError(f"llama.cpp's {name} is not built (run: python perf/llama_cpp.py build)")
+    return out, config
+
+
 def llama(model_path: Path, spec_type: str, draft: Path | None, prompt_text: str, n: int, threads: int) -> dict:
     """llama.cpp on the same prompt: ``llama-completion`` for spec_type "none", else
     ``llama-speculative-simple --spec-type spec_type`` (with ``draft``: -md, 8 drafted)."""
     tool = "llama-completion" if spec_type == "none" else "llama-speculative-simple"
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt_text)
-    cmd = [str(llama_tool(tool)), "-m", str(model_path), "-f", f.name, "-n", str(n), "-t", str(threads),
-           "--temp", "0", "-c", str(SPEC_CTX), "--ignore-eos"]
-    cmd += ["-no-cnv"] if spec_type == "none" else ["--spec-type", spec_type]
+    args = ["-m", str(model_path), "-f", f.name, "-n", str(n), "-t", str(threads),
+            "--temp", "0", "-c", str(SPEC_CTX), "--ignore-eos"]
+    args += ["-no-cnv"] if spec_type == "none" else ["--spec-type", spec_type]
     if draft is not None:
-        cmd += ["-md", str(draft), "-td", str(threads), "--spec-draft-n-max", "8"]
+        args += ["-md", str(draft), "-td", str(threads), "--spec-draft-n-max", "8"]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=child_env())  # not our OpenMP waiting policy
+        out, build = run_llama_tool(tool, args, timeout=900)
     finally:
         Path(f.name).unlink(missing_ok=True)
     log = out.stdout + out.stderr
     if spec_type == "none":  # common_perf_print: eval time = X ms / N runs
         m = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
         if m is None:
-            raise RuntimeError(f"{tool} failed: {log[-800:]}")
-        return {"tpot_ms": float(m.group(1)) / int(m.group(2)), "n": int(m.group(2)) + 1, "n_drafted": 0}
+            raise RuntimeError(f"{tool} ({build}, exit {out.returncode}) failed: {log[-800:]}")
+        return {"tpot_ms": float(m.group(1)) / int(m.group(2)), "n": int(m.group(2)) + 1, "n_drafted": 0,
+                "build": build}
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     if m is None:
-        raise RuntimeError(f"{tool} failed: {log[-800:]}")
+        raise RuntimeError(f"{tool} ({build}, exit {out.returncode}) failed: {log[-800:]}")
     acc = re.search(r"n_accept\s+=\s+(\d+)", log)
     drafted = re.search(r"n_drafted\s+=\s+(\d+)", log)
     return {"tpot_ms": 1000 * float(m.group(2)) / int(m.group(1)), "n": int(m.group(1)),
-            "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accept": int(acc.group(1)) if acc else 0}
+            "n_drafted": int(drafted.group(1)) if drafted else 0, "n_accept": int(acc.group(1)) if acc else 0,
+            "build": build}
 
 
 def configurations(specs: list[str], vs_llama: bool) -> list[tuple[str, str]]:

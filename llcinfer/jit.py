@@ -15,6 +15,7 @@ removed.  ``NUMBA_CACHE_DIR`` set by the user is left alone.
 import functools
 import hashlib
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -27,15 +28,24 @@ _CACHE = settings.numba_cache_enabled()
 _STALE_SECONDS = 86400
 
 
+_KERNEL_IMPORT = re.compile(rb"^from \.+jit import [^\n]*kernel", re.M)  # kernel, parallel_kernel, ...
+
+
+def compiles_kernels(text: bytes) -> bool:
+    """Whether a module's source text compiles kernels: it names numba or imports a kernel
+    decorator from this module (one that takes only ``set_threads`` or ``child_env`` from
+    here compiles nothing, and editing it must not invalidate the compiled kernels)."""
+    return b"numba" in text or _KERNEL_IMPORT.search(text) is not None
+
+
 @functools.lru_cache(maxsize=1)
 def _sources_hash() -> str:
-    """Hash of numba's version and every module of the package that compiles kernels (its
-    text names numba or imports from this module)."""
+    """Hash of numba's version and every module of the package that compiles kernels."""
     root = Path(__file__).resolve().parent  # the llcinfer package
     h = hashlib.sha256(numba.__version__.encode())
     for p in sorted(root.rglob("*.py")):
         text = p.read_bytes()
-        if b"numba" in text or b"jit import" in text:
+        if compiles_kernels(text):
             h.update(p.relative_to(root).as_posix().encode())
             h.update(text)
     return h.hexdigest()[:16]

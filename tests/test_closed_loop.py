@@ -32,6 +32,18 @@ def test_cache_is_keyed_by_machine_and_kernel_version(tmp_path, monkeypatch):
     assert Calibration.load(cache_key(m)) == Calibration(), "a new kernel version starts from defaults"
 
 
+def test_kernel_version_follows_only_modules_that_compile_kernels():
+    """The sources hashed into the kernel version (numba's cache directory, the calibration's
+    key): modules that name numba or import a kernel decorator from jit.py, not those that
+    only take a helper from it (editing a benchmark driver recompiled every kernel)."""
+    kernel_sources = [b"from ..jit import kernel, parallel_kernel\n", b"from ..jit import ordered_kernel\n",
+                      b"import numba\n", b"from numba import prange\n", b"from .jit import set_threads, kernel\n"]
+    helper_sources = [b"from ..jit import child_env\n", b"from .jit import set_threads\n",
+                      b"from ..jit import default_threads, set_threads\n", b"x = 'the jit import kernel'\n"]
+    assert all(jit.compiles_kernels(t) for t in kernel_sources)
+    assert not any(jit.compiles_kernels(t) for t in helper_sources)
+
+
 def test_measured_kernel_rates_replace_the_curve():
     m = load_topology("ci-2core")
     w = qwen_1p5b(ctx=16384, concurrency=1)

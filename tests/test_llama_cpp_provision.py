@@ -363,5 +363,8 @@ def test_comparison_tools_fall_back_to_portable_when_native_dies(tmp_path, monke
     _fake_tool(tmp_path, "native", "llama-completion", "echo bad arguments >&2; exit 1")
     out, config = run_llama_tool("llama-completion", ["-m"], timeout=30)
     assert config == "native" and out.returncode == 1 and "bad arguments" in out.stderr
+    _fake_tool(tmp_path, "native", "llama-speculative-simple", "kill -SEGV $$")
+    out, config = run_llama_tool("llama-speculative-simple", [], timeout=30)  # no portable build to fall back on
+    assert config == "native" and out.returncode < 0
     with pytest.raises(UsageError, match="not built"):
-        run_llama_tool("llama-speculative-simple", [], timeout=30)
+        run_llama_tool("llama-batched-bench", [], timeout=30)

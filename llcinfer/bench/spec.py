@@ -96,17 +96,13 @@ def run_llama_tool(name: str, args: list[str], timeout: float) -> tuple[subproce
     """Run llama.cpp's tool ``name`` with ``args``: the native build, and where it was killed by a
     signal the portable one (on an Intel host with AMX the native build's tile kernels can die
     at their first batched matmul: perf/README.md, llama.cpp builds); (its result, the config)."""
-    out, config = None, None
-    for config in ("native", "portable"):
-        exe = llama_cpp.binary(config, name)
-        if exe is None:
-            continue
+    llama_tool(name)  # built in some config, or a one-line error
+    builds = [(c, exe) for c in ("native", "portable") if (exe := llama_cpp.binary(c, name)) is not None]
+    for config, exe in builds:
         out = subprocess.run([str(exe)] + args, capture_output=True, text=True, timeout=timeout,
                              env=child_env())  # not our OpenMP waiting policy
         if out.returncode >= 0:
             break
-    if out is None:
-        raise UsageError(f"llama.cpp's {name} is not built (run: python perf/llama_cpp.py build)")
     return out, config
 
 

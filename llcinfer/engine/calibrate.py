@@ -78,7 +78,7 @@ def stream_llc_bytes(m: Machine) -> int:
     size.  A guest can be told of far more LLC than it gets (480 MiB reported, about 100
     MiB behaving as cache), and sets sized from the report (1.4 GB there) only make the
     calibration slower."""
-    reported = (m.llc.size_bytes * len(m.llc.instances)) if m.llc else 32 << 20
+    reported = m.llc_total_bytes()
     return effective_llc_bytes(m.bandwidth, cap_bytes=reported) if m.bandwidth else reported
 
 

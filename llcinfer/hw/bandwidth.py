@@ -40,9 +40,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def probe_sizes(m: Machine, n_points: int = 8) -> list[int]:
     """Log-spaced working sets from 256 KiB to 4x the LLC (256 MiB .. 1 GiB)."""
-    llc = m.llc
-    total = llc.size_bytes * len(llc.instances) if llc else 32 << 20
-    top = min(1 << 30, max(256 << 20, 4 * total))
+    top = min(1 << 30, max(256 << 20, 4 * m.llc_total_bytes()))
     lo = 256 << 10
     return [int(lo * (top / lo) ** (i / (n_points - 1))) for i in range(n_points)]
 

@@ -88,6 +88,11 @@ class Machine:
         """The last-level cache (highest level)."""
         return max(self.caches, key=lambda c: c.level) if self.caches else None
 
+    def llc_total_bytes(self) -> int:
+        """Bytes of all last-level cache instances as reported (32 MiB where none is known)."""
+        llc = self.llc
+        return llc.size_bytes * len(llc.instances) if llc else 32 << 20
+
     def level(self, n: int) -> CacheLevel | None:
         return next((c for c in self.caches if c.level == n), None)
 

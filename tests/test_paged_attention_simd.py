@@ -17,7 +17,8 @@ from llcinfer.kernels import isa as isa_mod
 from llcinfer.kernels import paged_attention as pa
 from llcinfer.jit import kernel
 from llcinfer.kernels.simd import lanes, make_tag, vlanes, vloadf, vstore
-from llcinfer.kernels.simd_math import vexp, vhmax, vhsum, vmaxf
+from llcinfer.kernels.simd_exp import vexp
+from llcinfer.kernels.simd_math import vhmax, vhsum, vmaxf
 from llcinfer.kernels.tables import F16_TO_F32
 from llcinfer.kv import KVPool, PagedSequence
 

@@ -23,7 +23,8 @@ from numba.extending import intrinsic
 
 from ..jit import inline_kernel, kernel
 from .simd import VTag, addr, elt_kind, lane_mask_ir, load_as_f32, prefetch_ir, splat_ir, vlanes, vloadf, vsplat, vstore
-from .simd_math import fma_ir, vadd, vexp, vhmax, vhsum, vmaxf, vmul, vsub
+from .simd_exp import vexp
+from .simd_math import fma_ir, vadd, vhmax, vhsum, vmaxf, vmul, vsub
 
 # key blocks ahead, prefetched spread over the work on a block: its K^T along the first QK
 # pass (a line per step of _qk_t's loop), its V along the P V calls (a line per key).  Both

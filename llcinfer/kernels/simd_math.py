@@ -1,6 +1,6 @@
 """Arithmetic on simd.py's vectors: lane-wise integer / float operations, shifts, the
 int -> float conversion, FMA, the u8 x s8 dot product (vpdpbusd, or its AVX2 emulation),
-max / horizontal reductions, and a vector exp (softmax, SiLU).
+max / horizontal reductions (the exponentials are in simd_exp.py).
 
 Every operation is an ``@intrinsic`` emitting LLVM IR (see simd.py for the ``Vec`` type and
 the width tags); the ``*_ir`` helpers emit the same IR inside other intrinsics.
@@ -8,7 +8,6 @@ the width tags); the ``*_ir`` helpers emit the same IR inside other intrinsics.
 
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -329,44 +328,3 @@ def vhsum(typingctx, a):
         return _hreduce(builder, args[0], builder.fadd)
 
     return types.float32(a), codegen
-
-
-_EXP_LO, _EXP_HI = -87.33654, 88.0  # below: 0 (f32 underflow); above: clamped
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-             5.0000001201e-1)  # Cephes expf, on [-ln2/2, ln2/2]
-
-
-def exp_ir(builder, x):
-    """IR: lane-wise e**x of a float vector: Cephes expf (range reduction by ln2 in two
-    parts, degree-6 polynomial, 2**n through the exponent bits); within 2 ulp, 0 below
-    -87.3 (exp(_NEG) is exactly 0)."""
-    n = x.type.count
-    vt = _vty(n, True)
-
-    def c(v):
-        return ir.Constant(vt, [float(np.float32(v))] * n)
-
-    xc = _min_ir(builder, _max_ir(builder, x, c(_EXP_LO)), c(_EXP_HI))
-    fx = _fintrinsic(builder, "floor", [fma_ir(builder, xc, c(1.44269504088896341), c(0.5))])
-    r = fma_ir(builder, fx, c(-0.693359375), xc)
-    r = fma_ir(builder, fx, c(2.12194440e-4), r)
-    y = c(_EXP_POLY[0])
-    for k in _EXP_POLY[1:]:
-        y = fma_ir(builder, y, r, c(k))
-    y = fma_ir(builder, y, builder.fmul(r, r), builder.fadd(r, c(1.0)))
-    e = builder.shl(builder.add(builder.fptosi(fx, _vty(n)), ir.Constant(_vty(n), [127] * n)),
-                    ir.Constant(_vty(n), [23] * n))
-    y = builder.fmul(y, builder.bitcast(e, vt))
-    return builder.select(builder.fcmp_ordered("<", x, c(_EXP_LO)), ir.Constant(vt, None), y)
-
-
-@intrinsic
-def vexp(typingctx, a):
-    """Lane-wise e**a of a float vector (``exp_ir``)."""
-    if not _float_vec(a):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return exp_ir(builder, args[0])
-
-    return a(a), codegen

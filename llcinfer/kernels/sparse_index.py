@@ -32,11 +32,13 @@ import numpy as np
 
 from ..jit import inline_kernel, kernel
 from .simd import addr, vbcast4, vlanes, vload, vloadf, vsplat, vstore
-from .simd_math import vadd, vcvt, vdot_q8, vexp, vfma, vhmax, vhsum, vmaxf, vminf, vmul, vzero_f, vzero_i
+from .simd_exp import vexp2
+from .simd_math import vadd, vcvt, vdot_q8, vfma, vhmax, vhsum, vmaxf, vminf, vmul, vzero_f, vzero_i
 
 PHI_RELU, PHI_EXP = 0, 1
 AGG_MAX, AGG_SUM = 0, 1
 EXP_CAP = np.float32(60.0)  # exp(x - m) of a token far above the kept tokens' max stays finite
+LOG2E = np.float32(1.4426950408889634)  # exp(x) = 2**(x log2 e)
 _NEG = np.float32(-3.0e38)
 # (candidate block, query head) pairs per thread below which one thread scores alone: ~10 ns
 # a pair on Zen 4, so 6144 pairs take ~60 us, about a parallel region's launch
@@ -130,15 +132,31 @@ def _kept_max(idx, isc, qw, qsc, qcorr, slot, table, n_keys, bs, G, n_sink, n_wi
                     hmax[hh] = max(hmax[hh], m)
 
 
+@inline_kernel
+def _phi_add(tok, acc, iv, c, m, w, phi, cap, zero, tag):
+    """tok + w phi(x), x = acc iv c the head's logits of W tokens (phi exp: exp(min(x - m, 60))
+    as 2**(min(t c log2e - m log2e, 60 log2e)); cap is 60 log2e)."""
+    t = vmul(vcvt(acc), iv)
+    if phi == PHI_EXP:
+        e = vexp2(vminf(vfma(t, vsplat(c * LOG2E, tag), vsplat(-m * LOG2E, tag)), cap))
+    else:
+        e = vmaxf(vmul(t, vsplat(c, tag)), zero)
+    return vfma(vsplat(w, tag), e, tok)
+
+
 @kernel
 def _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg, b0, b1, scores, tag):
-    """scores[b - b0] for the full candidate blocks b0 .. b1-1 (sequence block slots)."""
+    """scores[b - b0] for the full candidate blocks b0 .. b1-1 (sequence block slots).
+    At rank 16 a block's 4 key quads are loaded once per KV head for its G query heads,
+    each head's dot one vdot_q8 over the 4 quads started at its whole correction (on AVX2
+    the keys' sign-trick half, xor and abs, is then G-invariant and hoisted); other ranks
+    dot quad by quad (_head_dots)."""
     NB, KVH, R4 = idx.shape[1], idx.shape[2], idx.shape[3]
     W = vlanes(tag)
     ia, sa, qa = addr(idx), addr(isc), addr(qw)
     lanes = np.empty(W, np.float32)  # [W] one vector, for a partial one's valid lanes (bs % W)
     la = addr(lanes)
-    cap, zero = vsplat(EXP_CAP, tag), vzero_f(tag)
+    cap, zero = vsplat(EXP_CAP * LOG2E, tag), vzero_f(tag)
     for b in range(b0, b1):
         total = np.float32(0.0) if agg == AGG_SUM else _NEG
         for j0 in range(0, bs, W):
@@ -146,15 +164,23 @@ def _score_range(idx, isc, qw, qsc, qcorr, w, hmax, slot, table, bs, G, phi, agg
             for h in range(KVH):
                 hb = (slot * NB + table[b]) * KVH + h
                 iv = vloadf(sa, 4 * (hb * bs + j0), tag)
-                for g in range(G):
-                    hh = h * G + g
-                    acc = _head_dots(ia, (hb * R4 * bs + j0) * 4, R4, bs, qa, hh * R4 * 4, qcorr, hh, tag)
-                    t = vmul(vcvt(acc), iv)
-                    if phi == PHI_EXP:  # exp(min(t c - m, 60))
-                        e = vexp(vminf(vfma(t, vsplat(qsc[hh], tag), vsplat(-hmax[hh], tag)), cap))
-                    else:
-                        e = vmaxf(vmul(t, vsplat(qsc[hh], tag)), zero)
-                    tok = vfma(vsplat(w[hh], tag), e, tok)
+                kb = (hb * R4 * bs + j0) * 4  # byte offset of the tokens' quad 0
+                if R4 == 4:
+                    keys = (vload(ia, kb, tag), vload(ia, kb + 4 * bs, tag), vload(ia, kb + 8 * bs, tag),
+                            vload(ia, kb + 12 * bs, tag))
+                    for g in range(G):
+                        hh = h * G + g
+                        qb = 16 * hh
+                        corr = qcorr[hh, 0] + qcorr[hh, 1] + qcorr[hh, 2] + qcorr[hh, 3]
+                        acc = vdot_q8(vsplat(corr, tag), keys, (vbcast4(qa, qb, tag), vbcast4(qa, qb + 4, tag),
+                                                                vbcast4(qa, qb + 8, tag), vbcast4(qa, qb + 12, tag)),
+                                      tag)
+                        tok = _phi_add(tok, acc, iv, qsc[hh], hmax[hh], w[hh], phi, cap, zero, tag)
+                else:
+                    for g in range(G):
+                        hh = h * G + g
+                        acc = _head_dots(ia, kb, R4, bs, qa, hh * R4 * 4, qcorr, hh, tag)
+                        tok = _phi_add(tok, acc, iv, qsc[hh], hmax[hh], w[hh], phi, cap, zero, tag)
             valid = min(W, bs - j0)
             if valid == W:
                 part = vhsum(tok) if agg == AGG_SUM else vhmax(tok)

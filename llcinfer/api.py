@@ -75,7 +75,7 @@ class LLM:
         sparse: sparse attention for long contexts: rows with at least ``min_context`` keys
             attend to the first tokens, the last 256 and the top-k tokens (whole
             16-token blocks) a low-rank indexer of the model's own keys scores highest; the
-            first two layers stay dense; a decode step whose query stays close to the step
+            first layer stays dense; a decode step whose query stays close to the step
             that last scored (up to 4 back) reuses its selection.  ``min_context`` is the planner's: the context from
             which the sparse step is predicted faster than the dense one on this machine
             (``sparse_policy`` says it and both predictions).  The indexer is calibrated on

@@ -7,6 +7,7 @@ than the calibration reads them): selection quality per layer, and decode TPOT.
         --state /tmp/qwen.npz --fill-budget 480        (repeat until filled)
     python perf/sparse_bench.py tpot -m smollm2-135m --depth 8000 -n 120 --reuse-steps 4
     python perf/sparse_bench.py ppl -m smollm2-135m -c 8192 --variant dense reuse_steps=0 reuse_steps=4
+    python perf/sparse_bench.py ppl -m smollm2-135m -c 8192 --chunks 4 --dense-layers 2 --variant min_context=2560
 
 quality: the context is filled densely (index keys written), then ``--probes`` rows at the
 end run as one chunk and their query rows are kept.  For each probe row and layer, dense
@@ -29,7 +30,8 @@ printed beside the planner's prediction for that depth (planner/sparse_policy.py
 plan LLM runs at n_ctx = depth, this machine's calibration); then --probes rows report
 the mass and recall of the selection at the run's top_k.  2 threads by default.
 
-ppl: perplexity of the same LLM under several sparse configurations, set in place.
+ppl: perplexity of the same LLM under several sparse configurations, set in place
+(--dense-layers: fixed for the run, one LLM built with it).
 """
 
 from __future__ import annotations
@@ -306,7 +308,10 @@ def ppl(a) -> dict:
     bench/perplexity.py) under each ``--variant`` of the sparse configuration, on one
     ``LLM(sparse=True)`` (so min_context is its planner's) and the same text; a variant
     is "dense" or SparseConfig fields "name=value,..." set in place between runs, the
-    prefix cache emptied (else a chunk's unscored half would come from the last run's KV)."""
+    prefix cache emptied (else a chunk's unscored half would come from the last run's KV).
+    ``--dense-layers`` is fixed when the LLM is built (its layers' kinds and index cache)."""
+    from unittest import mock
+
     from llcinfer.api import LLM
     from llcinfer.bench.perplexity import perplexity
 
@@ -315,11 +320,18 @@ def ppl(a) -> dict:
     for variant, pairs in parsed:
         if any(len(kv) != 2 or kv[0] not in fields for kv in pairs):
             raise SystemExit(f"--variant {variant!r}: expected 'dense' or name=value,... of {sorted(fields)}")
-    llm = LLM(a.model, threads=a.threads, n_ctx=a.ctx, n_seq=2, progress=False, sparse=True)
+    given = SparseConfig.from_options
+
+    def with_dense_layers(*args, **kwargs):  # LLM's configuration with --dense-layers
+        return dataclasses.replace(given(*args, **kwargs), dense_layers=a.dense_layers)
+
+    with mock.patch.object(SparseConfig, "from_options", with_dense_layers):
+        llm = LLM(a.model, threads=a.threads, n_ctx=a.ctx, n_seq=2, progress=False, sparse=True)
     tokens = llm.tokenize(stdlib_text(560000, reverse=True))  # the text of `llcinfer perplexity -f stdlib.txt`
     sp = llm.model.sparse
     base, bs, out = sp.config, sp.pool.block_size, {"model": a.model, "ctx": a.ctx, "chunks": a.chunks, "runs": []}
-    print(f"{a.model} -c {a.ctx}, {a.chunks} chunks, rows sparse from {base.min_context} keys", flush=True)
+    print(f"{a.model} -c {a.ctx}, {a.chunks} chunks, {base.dense_layers} dense layers, rows sparse from "
+          f"{base.min_context} keys", flush=True)
     for variant, pairs in parsed:
         try:
             changes = {"min_context": NEVER} if variant == "dense" else {k: type(getattr(base, k))(v) for k, v in pairs}
@@ -385,7 +397,7 @@ def main() -> None:
     t.add_argument("--top-k-per", type=_count(0), default=16, help="top-k raised to depth / N (0: fixed)")
     t.add_argument("--rank", type=_count(1), default=16)
     t.add_argument("--window", type=_count(1), default=256)
-    t.add_argument("--dense-layers", type=_count(0), default=2)
+    t.add_argument("--dense-layers", type=_count(0), default=SparseConfig.dense_layers)
     t.add_argument("--full-every", type=_count(1), default=1)
     t.add_argument("--indexers", type=_count(1), default=None,
                    help="sparse layers that own an indexer, chosen on calibration (default: the library's)")
@@ -397,6 +409,8 @@ def main() -> None:
     v.add_argument("-m", "--model", required=True)
     v.add_argument("-c", "--ctx", type=_count(4), default=8192)
     v.add_argument("--chunks", type=_count(1), default=1)
+    v.add_argument("--dense-layers", type=_count(0), default=SparseConfig.dense_layers,
+                   help="first layers that stay dense (fixed for the run's LLM)")
     v.add_argument("--threads", type=_count(1), default=2)
     v.add_argument("--variant", nargs="+", default=["dense", "reuse_steps=0", "reuse_steps=4,reuse_cos=0.9"])
     v.add_argument("--json")

@@ -62,10 +62,11 @@ def test_choice_cache_round_trip(tmp_path):
 def test_config_rules():
     cfg = SparseConfig(dense_layers=2, full_layers=(2, 5))
     assert cfg.layer_kinds(7) == ["dense", "dense", "full", "shared", "shared", "full", "shared"]
-    assert cfg.n_full(7) == 2 and SparseConfig(indexers=3).n_full(7) == 3 and SparseConfig().n_full(7) == 5
+    assert cfg.n_full(7) == 2 and SparseConfig(indexers=3).n_full(7) == 3
+    assert SparseConfig().n_full(7) == 7 - SparseConfig.dense_layers
     for bad in ({"full_layers": (3, 5)}, {"full_layers": (1, 2)}, {"full_layers": (2, 2)}, {"indexers": 0}):
         with pytest.raises(UsageError):
-            SparseConfig(**bad)
+            SparseConfig(dense_layers=2, **bad)
 
 
 def test_search_on_a_tiny_model_is_cached_and_runs(tmp_path_factory, monkeypatch):
@@ -79,9 +80,10 @@ def test_search_on_a_tiny_model_is_cached_and_runs(tmp_path_factory, monkeypatch
         cfg = SparseConfig(top_k=16, sink=4, window=16, indexers=2)
         lines = []
         chosen = sparse_setup.with_chosen_layers(llm.model, llm.tokenizer, cfg, lines.append, n_tokens=200, probes=8)
-        assert len(chosen.full_layers) == 2 and chosen.full_layers[0] == 2 and chosen.n_full(6) == 2
+        first = SparseConfig.dense_layers  # the first sparse layer always owns one
+        assert len(chosen.full_layers) == 2 and chosen.full_layers[0] == first and chosen.n_full(6) == 2
         assert any("KL" in line for line in lines)
-        assert chosen.layer_kinds(6).count("shared") == 2
+        assert chosen.layer_kinds(6).count("shared") == 6 - first - 2
         with monkeypatch.context() as m:  # the second time from the cache: no search
             m.setattr(sparse_setup, "choose_full_layers", None)
             assert sparse_setup.with_chosen_layers(llm.model, llm.tokenizer, cfg, print, 200, 8) == chosen

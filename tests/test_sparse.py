@@ -348,11 +348,11 @@ def test_llm_sparse_surface(tiny):
     dense = LLM(str(path), threads=1, n_ctx=128).generate("hello the world", max_tokens=6, temperature=0)
     llm = LLM(str(path), threads=1, n_ctx=128, sparse=True, sparse_top_k=64)
     assert llm.executor_note is None and llm.engine.runner.executor.sparse is llm.engine.sparse
-    assert llm.engine.sparse.config.top_k == 64 and llm.engine.sparse.kinds == ["dense", "dense", "full"]
+    assert llm.engine.sparse.config.top_k == 64 and llm.engine.sparse.kinds == ["dense", "full", "full"]
     out = llm.generate("hello the world", max_tokens=6, temperature=0)
     assert out == dense  # every row under the 4096-key threshold: dense
     st = llm.kv_stats()
-    assert st["index_full_layers"] == 1 and st["index_bytes_per_token"] == 1 * 2 * (16 + 4)
+    assert st["index_full_layers"] == 2 and st["index_bytes_per_token"] == 2 * 2 * (16 + 4)
     assert st["index_bytes_per_token_all_layers"] == 3 * 2 * 20 and st["kv_bytes_per_token"] > 0
     assert st["sparse_rows"] == 0 and st["sparse_keys_fraction"] is None and st["sparse_reused"] == 0
     assert llm.engine.sparse.config.top_k == 64  # a top-k given stays as given

@@ -27,7 +27,7 @@ def test_break_even_on_every_topology(workloads, name):  # noqa: F811
         plan = make_plan(m, w, calibration=cal)
         pol = sparse_policy(plan, m, w, cfg, cal)
         model = _Model(plan, m, w, cal, cfg)
-        assert pol.rates == "estimated" and pol.full_layers == w.config.n_layer - 2
+        assert pol.rates == "estimated" and pol.full_layers == w.config.n_layer - cfg.dense_layers
         assert pol.min_context is not None, mname  # on every shipped machine it pays at some context
         n = pol.min_context
         assert n % BLOCK_SIZE == 0 and model.lay.selects(n), mname
@@ -61,7 +61,8 @@ def test_top_k_grows_with_the_context_unless_given():
     assert SparseConfig.from_options(top_k=512).for_context(32768).top_k == 512
     assert SparseConfig.from_options(indexers=3).for_context(32768) == SparseConfig(indexers=3, top_k=2048)
     lay = Layers(24, SparseConfig().for_context(32768))
-    assert lay.kept_blocks == 1 + 128 + 16 and lay.n_eff(32768) == (2 * 32768 + 22 * 145 * BLOCK_SIZE) / 24
+    d = SparseConfig.dense_layers  # layers that attend every key
+    assert lay.kept_blocks == 1 + 128 + 16 and lay.n_eff(32768) == (d * 32768 + (24 - d) * 145 * BLOCK_SIZE) / 24
 
 
 def test_costly_selection_never_pays_and_cheap_one_pays_earlier(workloads):  # noqa: F811
@@ -116,7 +117,7 @@ def test_selection_cost_measured_in_the_step_and_cached(tmp_path, monkeypatch):
         # LLCINFER_CALIBRATE=0 here
         llm = LLM(str(tmp_path / "tiny.gguf"), threads=1, n_ctx=64, sparse=True, progress=False)
         pol = llm.sparse_policy
-        assert pol.ctx == 64 and pol.full_layers == 1
+        assert pol.ctx == 64 and pol.full_layers == 3 - SparseConfig.dense_layers
         assert llm.engine.sparse.config.min_context == (pol.min_context or NEVER) == llm.kv_stats()["sparse_min_context"]
         run, measured = planned_sparse(tm, llm.plan, 64, 1, cfg, False, said.append)
         assert measured.rates == "measured" and run.min_context == (measured.min_context or NEVER)

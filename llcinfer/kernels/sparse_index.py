@@ -18,6 +18,7 @@ The scorer follows DSA's form over the query heads h (G of them per KV head):
     I[t]    = sum_h w[h] phi(x[h, t])
         phi = relu:  max(x, 0)
         phi = exp:   exp(min(x - m[h], 60)),  m[h] = max of x[h, .] over the always-kept tokens
+                     (as 2**(min(x log2e - m[h] log2e, 60 log2e)): simd_exp.vexp2)
     score(block) = max_t I[t] (agg max)  or  sum_t I[t] (agg sum)
 
 and picks the K best candidate blocks (ties: the earlier) by a threshold from one

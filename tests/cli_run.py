@@ -8,11 +8,17 @@ import subprocess
 import sys
 
 
+# a child whose LLCINFER_HOME is a test's fresh one compiles the decode kernels and runs the
+# first-use calibration before it can fail: over 300 s on a 2-core AVX2 host (Zen 3, 2026-12-07)
+CHILD_SECONDS = 900
+
+
 def run_cli(*args, stdin=None):
     """``llcinfer ARGS`` as a new process; asserts that nothing printed a traceback."""
     proc = subprocess.run(
         [sys.executable, "-c", "from llcinfer.cli import main; main()", *map(str, args)],
-        capture_output=True, text=True, timeout=300, input=stdin, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True, text=True, timeout=CHILD_SECONDS, input=stdin,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     return proc

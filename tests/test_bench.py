@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import CHILD_SECONDS
 from llcinfer.bench import compare, llama_bench, report
 from llcinfer.bench import llama_cpp as lc
 from llcinfer.bench.report import LLAMA, OURS, Record
@@ -270,7 +271,7 @@ def test_plot_writes_png(tmp_path):
 
 def _cli(*args, **env):
     return subprocess.run([sys.executable, "-c", "from llcinfer.cli import main; main()", *args],
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=CHILD_SECONDS)
 
 
 @pytest.mark.parametrize("args", [["--threads", "two"], ["--depth", "-1"], ["-r", "0"], ["-p", "0", "-n", "0"],

@@ -29,13 +29,10 @@ from .engine.sparse_setup import planned_sparse, with_chosen_layers
 from .engine.speculation_setup import build_speculator, check_spec_options
 from .engine.transformer import Transformer
 from . import settings
-from .errors import ChatTemplateError, UsageError
+from .errors import UsageError
 from .jit import set_threads
 from .kv import KV_TYPES
-from .model import catalog
-from .model.chat_template import ChatTemplate
-from .model.gguf_file import GGUFFile
-from .model.tokenizer import Tokenizer
+from .model.model_file import ModelFile
 from .sparse import SparseConfig
 
 _SAMPLING_KEYS = {f for f in SamplingParams.__dataclass_fields__}
@@ -47,8 +44,9 @@ class LLM:
     """A loaded model, ready to generate.
 
     Args:
-        model: a catalog name (``llcinfer models`` lists them; fetched on first use) or the
-            path to any ``.gguf`` file.  Default: ``smollm2-135m``.
+        model: a catalog name (``llcinfer models`` lists them; fetched on first use), the
+            path to any ``.gguf`` file, or a ``ModelFile`` already opened.  Default:
+            ``smollm2-135m``.
         threads: kernel threads (default: the physical cores available).
         n_ctx: context length in tokens per sequence (default: the model's training context).
         n_batch: tokens per step of the loop, decode rows and prompt chunks together (a
@@ -118,12 +116,11 @@ class LLM:
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive integer (got {threads!r})")
         self.threads = set_threads(threads)
-        self.model_path = catalog.resolve_model(model, progress=progress)
-        self.gguf = GGUFFile(self.model_path)
+        self.file = model if isinstance(model, ModelFile) else ModelFile(model, progress=progress)
+        self.model_path, self.gguf = self.file.path, self.file.gguf
+        self.tokenizer, self.chat_template = self.file.tokenizer, self.file.chat_template
         self.model = Transformer(self.gguf, llama_rounding=numerics == "llama.cpp")
         self.config = self.model.config
-        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)  # as long as the embedding (read_config)
-        self.chat_template = ChatTemplate.from_metadata(self.gguf.metadata, self.tokenizer)
         if n_ctx is None:
             n_ctx = self.config.n_ctx_train
         if not isinstance(n_ctx, int) or n_ctx < 1:
@@ -189,9 +186,7 @@ class LLM:
         return self.engine.submit_n(self._prompt_ids(prompt), [replace(params, seed=s) for s in seeds])
 
     def _prompt_ids(self, prompt: str | list[dict]) -> list[int]:
-        if isinstance(prompt, list):
-            return self.tokenize(self.apply_chat_template(prompt), special=True)
-        return self.tokenize(prompt, special=False, add_bos=None)
+        return self.file.prompt_ids(prompt)
 
     def generate(self, prompt: str, **sampling) -> str:
         """Complete ``prompt`` (raw text, no chat template) and return the completion.
@@ -261,16 +256,12 @@ class LLM:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text the chat template makes of ``messages``."""
-        if self.chat_template is None:
-            raise ChatTemplateError(f"{self.model_path.name} has no chat template (tokenizer.chat_template)")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.file.apply_chat_template(messages, add_generation_prompt)
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, special: bool = False, add_bos: bool | None = None) -> list[int]:
         """Token ids of ``text``; ``special=True`` parses special tokens such as <|im_start|>."""
-        if not isinstance(text, str):
-            raise UsageError(f"text must be a str (got {type(text).__name__})")
-        return self.tokenizer.encode(text, special=special, add_bos=add_bos)
+        return self.file.tokenize(text, special, add_bos)
 
     def detokenize(self, ids) -> str:
         """Text of token ids (control tokens render as nothing)."""

@@ -56,3 +56,9 @@ class ChatTemplateError(LLCInferError):
 
 class OutOfMemoryError(LLCInferError):
     """Memory for the model, KV cache or buffers could not be allocated."""
+
+
+def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
+    """``ContextLengthError`` when a prompt of ``n_prompt`` tokens exceeds the context."""
+    if n_prompt > n_ctx:
+        raise ContextLengthError(f"prompt of {n_prompt} tokens exceeds the context length {n_ctx}")

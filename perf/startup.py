@@ -117,8 +117,9 @@ def probe(model: str, threads: int | None, t_spawn: float) -> dict:
         from llcinfer.engine import transformer as model_mod
         from llcinfer.kernels import Linear
         from llcinfer.weights import repack_cache
+        from llcinfer.model.gguf_file import GGUFFile
         from llcinfer.model.tokenizer import Tokenizer
-    clock.wrap(api.GGUFFile, "__init__", "gguf_index")
+    clock.wrap(GGUFFile, "__init__", "gguf_index")
     clock.wrap(model_mod.Transformer, "__init__", "weights")
     clock.wrap(Tokenizer, "from_metadata", "tokenizer")
     clock.wrap(Linear, "prepare", "repack")

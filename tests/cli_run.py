@@ -1,15 +1,17 @@
-"""Running the command line in a child process, for the error tests.
+"""Running the command line, in a child process or in this one, for the error tests.
 
-Not a test module: ``test_gguf_errors`` and ``test_usage_errors`` import it.
+Not a test module: the command-line error tests import it.
 """
 
 import os
 import subprocess
 import sys
 
+import pytest
+
 
 # a child whose LLCINFER_HOME is a test's fresh one compiles the decode kernels and runs the
-# first-use calibration before it can fail: over 300 s on a 2-core AVX2 host (Zen 3, 2026-12-07)
+# first-use calibration before it runs: over 300 s on a 2-core AVX2 host (Zen 3, 2026-12-07)
 CHILD_SECONDS = 900
 
 
@@ -22,6 +24,17 @@ def run_cli(*args, stdin=None):
     )
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     return proc
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """``llcinfer ARGS`` in this process (its kernels are compiled already): (rc, out, err)."""
+    from llcinfer.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return exc.value.code, out.out, out.err
 
 
 def assert_one_error_line(proc, rc, *fragments):

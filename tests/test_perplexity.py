@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_run import assert_one_error_line, run_cli
+from cli_run import assert_one_error_line, run_cli, run_main
 from tiny_models import isolated_runtime, write_tiny_model
 
 from llcinfer import LLM
@@ -166,17 +166,6 @@ def test_cli_errors_are_one_line(tiny, tmp_path):
                           "vocabulary of 7 tokens")
 
 
-def _main(capsys, *args) -> tuple[int, str, str]:
-    """``llcinfer ARGS`` in this process (its kernels are compiled already): (rc, out, err)."""
-    from llcinfer.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return exc.value.code, out.out, out.err
-
-
 def test_cli_sparse_is_announced_and_its_bad_options_are_one_line(tiny, tmp_path, capsys):
     """--sparse reaches the LLM and the first line says so; at -c 24 no row is sparse, so
     the estimate is the dense one."""
@@ -184,7 +173,7 @@ def test_cli_sparse_is_announced_and_its_bad_options_are_one_line(tiny, tmp_path
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 8)
     args = ("perplexity", "-m", path, "-f", text, "-c", CTX, "-t", "1", "--numerics", "f32", "--chunks", "2")
-    (rc_d, out_d, err_d), (rc_s, out_s, err_s) = _main(capsys, *args), _main(capsys, *args, "--sparse",
+    (rc_d, out_d, err_d), (rc_s, out_s, err_s) = run_main(capsys, *args), run_main(capsys, *args, "--sparse",
                                                                                "--sparse-top-k", "32")
     assert rc_d == 0 and rc_s == 0, err_s
     assert "sparse" not in err_d
@@ -196,7 +185,7 @@ def test_cli_sparse_is_announced_and_its_bad_options_are_one_line(tiny, tmp_path
     assert estimate[0] == estimate[1]
     for bad, why in ((("--sparse", "--sparse-top-k", "0"), "--sparse-top-k must be >= 1"),
                      (("--sparse-top-k", "5"), "--sparse-top-k needs --sparse")):
-        rc, out, err = _main(capsys, *args, *bad)
+        rc, out, err = run_main(capsys, *args, *bad)
         assert rc == 2 and err == f"error: {why}" + (" (got 0)" if "0" in bad else "") + "\n", err
 
 

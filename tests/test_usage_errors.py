@@ -10,7 +10,7 @@ import pytest
 from llcinfer.errors import ContextLengthError, UsageError
 from llcinfer.model.catalog import DEFAULT_MODEL
 
-from cli_run import assert_one_error_line, run_cli
+from cli_run import assert_one_error_line, run_cli, run_main
 from tiny_models import isolated_runtime, write_tiny_model
 
 
@@ -79,6 +79,43 @@ def test_cli_unknown_catalog_name():
 def test_cli_prompt_over_context_length(files):
     proc = run_cli("generate", "-m", files["good"], "-c", "4", "--temp", "0", "hello the world " * 8)
     assert_one_error_line(proc, 1, "context length 4")
+
+
+def test_cli_input_errors_come_before_the_kernels(files, tmp_path, monkeypatch, capsys):
+    """A prompt longer than the context and a text too short to score fail on the model
+    file alone: no LLM is built (in a fresh home that compiles and calibrates the kernels
+    for minutes before the input is looked at)."""
+    import llcinfer.api
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("the LLM was built before the input was checked")
+
+    monkeypatch.setattr(llcinfer.api.LLM, "__init__", no_llm)
+    rc, _, err = run_main(capsys, "generate", "-m", files["good"], "-c", "4", "--temp", "0", "hello the world " * 8)
+    assert rc == 1 and err.startswith("error: prompt of ") and "exceeds the context length 4" in err, err
+    short = tmp_path / "short.txt"
+    short.write_text("a b c")
+    rc, _, err = run_main(capsys, "perplexity", "-m", files["good"], "-f", short, "-c", "16")
+    assert rc == 2 and "-c 16 needs at least 32" in err, err
+
+
+def test_llm_takes_an_opened_model_file(files):
+    from llcinfer import LLM
+    from llcinfer.model.model_file import ModelFile
+
+    source = ModelFile(files["good"])
+    llm = LLM(source, threads=1, n_ctx=32)
+    try:
+        assert llm.file is source and llm.tokenizer is source.tokenizer
+        prompt = "hello the world"
+        by_path = LLM(str(files["good"]), threads=1, n_ctx=32)
+        try:
+            assert llm.generate(prompt, max_tokens=6, temperature=0) == by_path.generate(prompt, max_tokens=6,
+                                                                                         temperature=0)
+        finally:
+            by_path.close()
+    finally:
+        llm.close()
 
 
 def test_cli_generate_works_on_tiny_model(files):

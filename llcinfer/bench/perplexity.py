@@ -144,6 +144,17 @@ class _ChunkScorer:
         return ChunkScores(self.nll, self.kld, self.same, base_nll)
 
 
+def check_inputs(n_tokens: int, n_ctx: int, vocab: int, base: BaseLogits | None = None) -> None:
+    """``UsageError`` when ``n_tokens`` tokens (the base's, with a base) cannot be scored in
+    chunks of ``n_ctx`` by a model of ``vocab`` tokens; needs no model built."""
+    if base is not None and base.n_vocab != vocab:
+        raise UsageError(f"{base.path} holds a vocabulary of {base.n_vocab} tokens, the model has {vocab}")
+    if n_ctx < 4:
+        raise UsageError(f"-c must be at least 4 (got {n_ctx})")
+    if base is None and n_tokens < 2 * n_ctx:
+        raise UsageError(f"the text is {n_tokens} tokens; -c {n_ctx} needs at least {2 * n_ctx}")
+
+
 def perplexity(llm, tokens, n_ctx: int, n_chunks: int | None = None, base: BaseLogits | None = None,
                save: str | None = None, on_chunk: Callable[[int, PerplexityResult], None] | None = None
                ) -> PerplexityResult:
@@ -153,16 +164,11 @@ def perplexity(llm, tokens, n_ctx: int, n_chunks: int | None = None, base: BaseL
     ``on_chunk(i, result)`` runs as chunks finish, in order."""
     vocab = llm.config.vocab_size
     if base is not None:
-        if base.n_vocab != vocab:
-            raise UsageError(f"{base.path} holds a vocabulary of {base.n_vocab} tokens, the model has {vocab}")
         n_ctx, tokens = base.n_ctx, base.tokens
+    check_inputs(len(tokens), n_ctx, vocab, base)
     if n_ctx > llm.n_ctx:
         raise UsageError(f"-c {n_ctx} is larger than the model's context {llm.n_ctx}")
-    if n_ctx < 4:
-        raise UsageError(f"-c must be at least 4 (got {n_ctx})")
     tokens = np.asarray(tokens, np.int64)
-    if base is None and len(tokens) < 2 * n_ctx:
-        raise UsageError(f"the text is {len(tokens)} tokens; -c {n_ctx} needs at least {2 * n_ctx}")
     bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
     chunks = chunk_tokens(tokens, n_ctx, n_chunks, bos)
     writer = BaseWriter(save, n_ctx, vocab, tokens[:len(chunks) * n_ctx]) if save else None

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..errors import UsageError
+from ..errors import UsageError, check_prompt_fits
 from ..engine.sampling import SamplingParams
 from .options import (kv_options, model_options, sampling_kwargs, sampling_options, sparse_options, spec_kwargs,
                       spec_options)
@@ -32,12 +32,18 @@ def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, spa
     if not prompt:
         raise UsageError("empty prompt")
     from ..api import LLM
+    from ..model.model_file import ModelFile
 
-    llm = LLM(model, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
+    source = ModelFile(model)
+    if use_chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    ctx = source.config.n_ctx_train if n_ctx is None else n_ctx
+    if ctx >= 1:  # a prompt that cannot fit fails before the kernels are built (LLM rejects a bad -c)
+        check_prompt_fits(len(source.prompt_ids(messages if use_chat else prompt)), ctx)
+    llm = LLM(source, threads=threads, n_ctx=n_ctx, numerics=numerics, kv_type=kv_type,
               kv_budget_mb=kv_budget_mb, sparse=sparse, sparse_top_k=sparse_top_k, sparse_indexers=sparse_indexers,
               **spec)
     if use_chat:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         pieces = llm.chat(messages, stream=True, **sampling_kwargs(kw))
     else:
         pieces = llm.stream(prompt, **sampling_kwargs(kw))

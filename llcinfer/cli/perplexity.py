@@ -59,7 +59,8 @@ def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, s
     each is scored), as llama-perplexity computes it; with --kl-divergence-base, also the KL
     divergence and top-token agreement against the base (whose -c it takes)."""
     from ..bench.kld_base import read_base
-    from ..bench.perplexity import perplexity as score
+    from ..bench.perplexity import check_inputs, perplexity as score
+    from ..model.model_file import ModelFile
 
     check_sparse(sparse, sparse_top_k, sparse_indexers)
     if (text_file is None) == (base_file is None):
@@ -75,11 +76,13 @@ def perplexity(model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, s
         raise UsageError(f"{base_file} was computed with -c {ctx}, not {n_ctx}")
     from ..api import LLM
 
-    llm = LLM(model, threads=threads, n_ctx=ctx, numerics=numerics, kv_type=kv_type,
+    source = ModelFile(model, progress=False)
+    tokens = base.tokens if base is not None else source.tokenize(text)
+    check_inputs(len(tokens), ctx, source.config.vocab_size, base)  # before the kernels are built
+    llm = LLM(source, threads=threads, n_ctx=ctx, numerics=numerics, kv_type=kv_type,
               kv_budget_mb=kv_budget_mb, n_seq=2, progress=False, sparse=sparse, sparse_top_k=sparse_top_k,
               sparse_indexers=sparse_indexers)
     try:
-        tokens = base.tokens if base is not None else llm.tokenize(text)
         t0 = time.perf_counter()
 
         def progress(i, result):

@@ -19,7 +19,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import ContextLengthError, UsageError
+from ..errors import UsageError, check_prompt_fits
 from ..kv import DEFAULT_BLOCK_SIZE, PagedSequence
 from ..model.tokenizer import Tokenizer
 from ..sparse import SparseConfig
@@ -86,8 +86,7 @@ class Engine:
         vocab = self.model.config.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise UsageError(f"token ids must be in [0, {vocab})")
-        if len(prompt) > self.n_ctx:
-            raise ContextLengthError(f"prompt of {len(prompt)} tokens exceeds the context length {self.n_ctx}")
+        check_prompt_fits(len(prompt), self.n_ctx)
         if (score_from is None) != (on_logits is None) or (on_logits is not None and not callable(on_logits)):
             raise UsageError("scoring a prompt needs both score_from and a callable on_logits")
         if score_from is not None and not 0 <= score_from < len(prompt):

@@ -10,8 +10,10 @@ through the kernel interface it calls (``Linear`` / ``linear_many`` with llama_r
 activations quantized per call, then the integer kernels): q/k/v in one launch, the
 attention output, gate/up in one launch, down (one layer of each weight type it has).
 
-    MACs = M * sum over the op's matrices of N * K      MAC/s = MACs / median time
-    fraction = MAC/s / int8 peak of the same threads (perf/int8_peak.py, measured in the run)
+    MACs = M * sum over the op's matrices of N * K      MAC/s = MACs / time
+    fraction = median over repetitions of  MAC/s / int8 peak of the same threads
+The peak (perf/int8_peak.py) is sampled again before each repetition, so a host whose clock
+drifts during the run (the shared 2-vCPU guests do) moves both sides of each ratio together.
 
 A matrix is used over and over, so its weights come from L2/L3 once warm (7.7 MiB for
 Qwen-1.5B's gate): this is the kernel's compute ceiling, not a forward from DRAM
@@ -89,7 +91,13 @@ def _burst(op: Op, M: int, peak: float) -> int:
     return max(3, int(0.02 * peak * 0.5 / (op.macs_per_row * M)))
 
 
-def bench_model(model: str, trees: dict, ms: list[int], threads: int, reps: int, peak: float) -> list[dict]:
+def _peak_sample(isa: str, threads: int) -> float:
+    """One short int8 peak sample (about 10 ms at 88 GMAC/s, an AVX2 core)."""
+    return int8_peak(isa, threads, reps=1, n_iter=2_000_000)
+
+
+def bench_model(model: str, trees: dict, ms: list[int], threads: int, reps: int, peak: float,
+                isa: str) -> list[dict]:
     from llcinfer.model.catalog import resolve_model
     from llcinfer.model.gguf_file import GGUFFile
 
@@ -111,18 +119,18 @@ def bench_model(model: str, trees: dict, ms: list[int], threads: int, reps: int,
                     sys.exit(f"error: the trees' {label} products differ at M={M}")
             burst = _burst(next(iter(ops.values())), M, peak)
             per = {name: [] for name in ops}
-            ratios = []
+            peaks, ratios = [], []
             for r in range(reps):
+                peaks.append(_peak_sample(isa, threads))
                 for name in (list(ops) if r % 2 == 0 else list(ops)[::-1]):
                     per[name].append(ops[name].run(burst))
                 if len(ops) == 2:
                     ratios.append(per["new"][-1] / per["old"][-1])
             row = {"model": model, "op": label, "layer": layer, "M": M, "threads": threads,
-                   "macs": M * ops[next(iter(ops))].macs_per_row}
+                   "macs": M * ops[next(iter(ops))].macs_per_row, "peak": round(float(np.median(peaks)))}
             for name, ts in per.items():
-                t = float(np.median(ts))
-                row[f"{name}_us"] = round(1e6 * t, 2)
-                row[f"{name}_fraction"] = round(row["macs"] / t / peak, 4)
+                row[f"{name}_us"] = round(1e6 * float(np.median(ts)), 2)
+                row[f"{name}_fraction"] = round(float(np.median([row["macs"] / t / p for t, p in zip(ts, peaks)])), 4)
             if ratios:
                 row["new_over_old"], row["q1"], row["q3"] = (round(v, 4) for v in quartiles(ratios))
             rows.append(row)
@@ -133,7 +141,8 @@ def bench_model(model: str, trees: dict, ms: list[int], threads: int, reps: int,
 def _print_row(row: dict, names: list[str]) -> None:
     cells = "".join(f"  {n} {row[f'{n}_us']:9.1f} us {100 * row[f'{n}_fraction']:5.1f} %" for n in names)
     ab = f"  new/old {row['new_over_old']:.3f} ({row['q1']:.3f}-{row['q3']:.3f})" if "new_over_old" in row else ""
-    print(f"{row['model']:20s} {row['op']:14s} M={row['M']:3d} t={row['threads']}{cells}{ab}", flush=True)
+    print(f"{row['model']:20s} {row['op']:14s} M={row['M']:3d} t={row['threads']} peak {row['peak'] / 1e9:5.1f}{cells}{ab}",
+          flush=True)
 
 
 class _Kernels:
@@ -173,7 +182,7 @@ def main() -> None:
         out["peaks"][th] = round(peak)
         print(f"int8 peak {isa}, {th} thread(s): {peak / 1e9:.1f} GMAC/s", flush=True)
         for model in args.models:
-            out["rows"] += bench_model(model, trees, args.m, th, args.reps, peak)
+            out["rows"] += bench_model(model, trees, args.m, th, args.reps, peak, isa)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

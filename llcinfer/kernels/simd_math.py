@@ -125,10 +125,12 @@ def _maddubs_ir(builder, a, b, n):
 
 
 def _maddwd_ir(builder, p16, k, n):
-    """vpmaddwd with the constant k: i16 pairs -> k (p[2i] + p[2i+1]) as i32 lanes."""
+    """vpmaddwd: i16 pairs -> k[2i] p[2i] + k[2i+1] p[2i+1] as i32 lanes; k an int (the
+    constant in every half) or an <n x i32> vector read as i16 halves."""
     w16 = ir.VectorType(_I16, 2 * n)
     f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vty(n), [w16, w16]), "llvm.x86.avx2.pmadd.wd")
-    return builder.call(f, [p16, ir.Constant(w16, [k] * (2 * n))])
+    k16 = ir.Constant(w16, [k] * (2 * n)) if isinstance(k, int) else builder.bitcast(k, w16)
+    return builder.call(f, [p16, k16])
 
 
 def _dot_ir(builder, acc, qs, xs, n, mode, bits):
@@ -217,12 +219,49 @@ def _make_vdot(bits):
 
 
 # acc + sum_j dpbusd(qs[j], xs[j]) over tuples of k-group vectors, weights below 2**bits
-vdot_u4 = _make_vdot(4)  # Q4_0, Q4_1, Q4_K nibbles
+vdot_u4 = _make_vdot(4)  # Q4_0, Q4_1 nibbles
 vdot_u5 = _make_vdot(5)  # Q5_0
-vdot_u6 = _make_vdot(6)  # Q6_K
 # Q8_0 stored + 128: acc + sum_j (u8(qs[j]) - 128) s8(xs[j]), acc = -128 sum(x) on VNNI
 # (its unsigned dot needs the correction); the AVX2 path dots the signed bytes and drops acc
 vdot_q8 = _make_vdot(8)
+
+
+def _make_vdot_scaled(bits):
+    def impl(typingctx, acc, qs, xs, scale, tag):
+        """acc + scale * sum_j dpbusd(qs[j], xs[j]): a K-quant sub-block's integer dot times
+        its scale (an i32 per lane, |scale| <= 2**15), weights below 2**bits.
+
+        VNNI: the vpdpbusd chains from zero, one vpmulld, one add.  AVX2: the scale goes
+        into the vpmaddwd that widens the i16 sums (its other operand, ones in _dot_ir):
+            acc += vpmaddwd(sum of g vpmaddubsw, (scale, scale) per lane)
+        which drops the vpmulld and its add; the (scale, scale) pair is built here, and
+        LLVM builds it once for the rows that share a weight block."""
+        n, mode = _tag_info(tag)
+        if not (isinstance(qs, types.UniTuple) and isinstance(xs, types.UniTuple) and qs.count == xs.count):
+            return None
+
+        def codegen(context, builder, sig, args):
+            k = sig.args[1].count
+            q = [builder.extract_value(args[1], j) for j in range(k)]
+            x = [builder.extract_value(args[2], j) for j in range(k)]
+            acc, s = args[0], args[3]
+            if mode == "vnni":
+                return builder.add(acc, builder.mul(_dot_ir(builder, ir.Constant(_vty(n), None), q, x, n, mode, bits), s))
+            lanes = _vty(n)
+            pair = builder.or_(builder.and_(s, ir.Constant(lanes, [0xFFFF] * n)), builder.shl(s, ir.Constant(lanes, [16] * n)))
+            g = max(1, 32767 // (256 * ((1 << bits) - 1)))
+            for c in range(0, k, g):
+                acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, q[c:c + g], x[c:c + g], n), pair, n))
+            return acc
+
+        return acc(acc, qs, xs, scale, tag), codegen
+
+    impl.__name__ = f"vdot_u{bits}_scaled"
+    return intrinsic(impl)
+
+
+vdot_u4_scaled = _make_vdot_scaled(4)  # Q4_K sub-blocks
+vdot_u6_scaled = _make_vdot_scaled(6)  # Q6_K sub-blocks
 
 
 @intrinsic
@@ -238,9 +277,7 @@ def vdot_i16(typingctx, acc, a, b, tag):
             f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
                                                f"llvm.x86.avx512.vpdpwssd.{32 * n}")
             return builder.call(f, list(args[:3]))
-        w16 = ir.VectorType(_I16, 2 * n)
-        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
-        return builder.add(args[0], builder.call(f, [builder.bitcast(args[1], w16), builder.bitcast(args[2], w16)]))
+        return builder.add(args[0], _maddwd_ir(builder, builder.bitcast(args[1], ir.VectorType(_I16, 2 * n)), args[2], n))
 
     return acc(acc, a, b, tag), codegen
 

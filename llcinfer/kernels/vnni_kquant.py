@@ -11,7 +11,7 @@ term), so an output does not depend on the tile its row falls in.
 
 from ..jit import kernel
 from .simd import ldf, prefetch_l1, vbcast4, vlanes, vload_f16, vload_u8, vsplat
-from .simd_math import vadd, vcvt, vdot_i16, vdot_u4, vfma, vmul, vor, vshl, vzero_f, vzero_i
+from .simd_math import vcvt, vdot_i16, vdot_u4_scaled, vfma, vmul, vor, vshl, vzero_f, vzero_i
 from .vnni_blocks import _nib8, _w_part, _x8
 
 
@@ -55,8 +55,7 @@ def _k4_sub(wa, o, s, qs, mp, xr, xsr, b, isum, imin, tag):
     (xr: its int8 values, xsr: its int16 sums of 16); mp the sub-block's mins as i16 pairs.
         isum += scale_s * dot_s      imin += min_s * (bsum_2s + bsum_2s+1)   (one vpdpwssd)"""
     W = vlanes(tag)
-    ai = vdot_u4(vzero_i(tag), qs, _x8(xr, 256 * b + 32 * s, tag), tag)
-    isum = vadd(isum, vmul(ai, vload_u8(wa, o + 4 * W + s * W, tag)))
+    isum = vdot_u4_scaled(isum, qs, _x8(xr, 256 * b + 32 * s, tag), vload_u8(wa, o + 4 * W + s * W, tag), tag)
     return isum, vdot_i16(imin, mp, vbcast4(xsr, 2 * (16 * b + 2 * s), tag), tag)
 
 

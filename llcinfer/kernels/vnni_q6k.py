@@ -7,16 +7,15 @@ vnni_matmul.py explains the arithmetic, repack.py the layout.
 
 from ..jit import kernel
 from .simd import ldf, vbcast4, vlanes, vload, vload_f16, vload_s8, vsplat
-from .simd_math import vadd, vand, vcvt, vdot_i16, vdot_u6, vfma, vmul, vor, vshl, vshr, vsub, vzero_f, vzero_i
+from .simd_math import vand, vcvt, vdot_i16, vdot_u6_scaled, vfma, vmul, vor, vshl, vshr, vzero_f, vzero_i
 from .vnni_blocks import _nib8, _w_part
 from .vnni_kquant import K_AHEAD, _x_ahead
 
 
 @kernel
-def _dot4(q0, q1, q2, q3, xr, k0, init, tag):
-    """init + sum over 4 k-groups (16 values: a Q6_K sub-block, weights 0..63)."""
-    xs = (vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag))
-    return vdot_u6(init, (q0, q1, q2, q3), xs, tag)
+def _x4(xr, k0, tag):
+    """The activation bytes of the 4 k-groups of a 16-value sub-block, each broadcast."""
+    return vbcast4(xr, k0, tag), vbcast4(xr, k0 + 4, tag), vbcast4(xr, k0 + 8, tag), vbcast4(xr, k0 + 12, tag)
 
 
 @kernel
@@ -34,32 +33,32 @@ def _dec6(wp, p, tag):
 
 
 @kernel
-def _pair_s8(wa, at, tag):
-    """The scales of sub-blocks 2c, 2c+1 (W signed bytes each, from byte ``at``) as one
-    i16 pair per lane, for vdot_i16."""
+def _bias_pair(wa, at, tag):
+    """-32 times the scales of sub-blocks 2c, 2c+1 (W signed bytes each, from byte ``at``)
+    as one i16 pair per lane, for vdot_i16."""
     W = vlanes(tag)
-    return vor(vand(vload_s8(wa, at, tag), vsplat(0xFFFF, tag)), vshl(vload_s8(wa, at + W, tag), 16))
+    lo = vmul(vload_s8(wa, at, tag), vsplat(-32, tag))
+    hi = vmul(vload_s8(wa, at + W, tag), vsplat(-32, tag))
+    return vor(vand(lo, vsplat(0xFFFF, tag)), vshl(hi, 16))
 
 
 @kernel
-def _k6_chunk(wa, o, c, qs, sp, xr, xsr, b, isum, ibias, tag):
+def _k6_chunk(wa, o, c, qs, bp, xr, xsr, b, isum, tag):
     """Sub-blocks 2c, 2c+1 (16 values each) of the Q6_K block at byte o, one activation row;
-    sp their scales as i16 pairs.  The weights are stored + 32:
-        isum  += scale_j * sum (q + 32) x  over j = 2c, 2c+1
-        ibias += scale_2c bsum_2c + scale_2c+1 bsum_2c+1        (one vpdpwssd)
-    and _k6_end takes 32 ibias back out."""
+    bp their -32 scale pair (_bias_pair).  The weights are stored + 32:
+        isum += scale_j * sum (q + 32) x  -  32 scale_j bsum_j     over j = 2c, 2c+1
+    (the scales in vdot_u6_scaled, both bias terms in one vpdpwssd)."""
     W = vlanes(tag)
     k0 = 256 * b + 32 * c
-    a = _dot4(qs[0], qs[1], qs[2], qs[3], xr, k0, vzero_i(tag), tag)
-    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c) * W, tag)))
-    a = _dot4(qs[4], qs[5], qs[6], qs[7], xr, k0 + 16, vzero_i(tag), tag)
-    isum = vadd(isum, vmul(a, vload_s8(wa, o + 2 * W + (2 * c + 1) * W, tag)))
-    return isum, vdot_i16(ibias, sp, vbcast4(xsr, 2 * (16 * b + 2 * c), tag), tag)
+    at = o + 2 * W + 2 * c * W  # the scales of sub-block 2c, then 2c+1: W signed bytes each
+    isum = vdot_u6_scaled(isum, (qs[0], qs[1], qs[2], qs[3]), _x4(xr, k0, tag), vload_s8(wa, at, tag), tag)
+    isum = vdot_u6_scaled(isum, (qs[4], qs[5], qs[6], qs[7]), _x4(xr, k0 + 16, tag), vload_s8(wa, at + W, tag), tag)
+    return vdot_i16(isum, bp, vbcast4(xsr, 2 * (16 * b + 2 * c), tag), tag)
 
 
 @kernel
-def _k6_end(wa, o, dx, isum, ibias, acc, tag):
-    return vfma(vcvt(vsub(isum, vshl(ibias, 5))), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
+def _k6_end(wa, o, dx, isum, acc, tag):
+    return vfma(vcvt(isum), vmul(vload_f16(wa, o, tag), vsplat(dx, tag)), acc)
 
 
 @kernel
@@ -74,13 +73,12 @@ def runk6_1(wa, xa, xda, xsa, K, m, tag):
         o = b * bs
         _x_ahead(xr, xsr, b + 1)
         isum = vzero_i(tag)
-        ibias = vzero_i(tag)
         for c in range(8):
             _w_part(wa, o + K_AHEAD + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
-            isum, ibias = _k6_chunk(wa, o, c, qs, sp, xr, xsr, b, isum, ibias, tag)
-        acc = _k6_end(wa, o, ldf(xda, m * nb + b), isum, ibias, acc, tag)
+            bp = _bias_pair(wa, o + 2 * W + 2 * c * W, tag)
+            isum = _k6_chunk(wa, o, c, qs, bp, xr, xsr, b, isum, tag)
+        acc = _k6_end(wa, o, ldf(xda, m * nb + b), isum, acc, tag)
     return acc
 
 
@@ -102,18 +100,16 @@ def runk6_2(wa, xa, xda, xsa, K, m, tag):
         _x_ahead(x0 + K, xs0 + xss, b + 1)
         s0 = vzero_i(tag)
         s1 = vzero_i(tag)
-        n0 = vzero_i(tag)
-        n1 = vzero_i(tag)
         for c in range(8):
             if m == 0:  # the first pass over the group: the next one's weights
                 _w_part(wa, o + ahead + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
-            s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
+            bp = _bias_pair(wa, o + 2 * W + 2 * c * W, tag)
+            s0 = _k6_chunk(wa, o, c, qs, bp, x0, xs0, b, s0, tag)
+            s1 = _k6_chunk(wa, o, c, qs, bp, x0 + K, xs0 + xss, b, s1, tag)
         i = m * nb + b
-        a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
-        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, a1, tag)
     return a0, a1
 
 
@@ -139,24 +135,20 @@ def runk6_4(wa, xa, xda, xsa, K, m, R, tag):
         s1 = vzero_i(tag)
         s2 = vzero_i(tag)
         s3 = vzero_i(tag)
-        n0 = vzero_i(tag)
-        n1 = vzero_i(tag)
-        n2 = vzero_i(tag)
-        n3 = vzero_i(tag)
         for c in range(8):
             if m == 0:  # the first pass over the group: the next one's weights
                 _w_part(wa, o + ahead + c * (bs // 8), bs // 8)
             qs = _dec6(wa, o + 18 * W + 24 * W * c, tag)
-            sp = _pair_s8(wa, o + 2 * W + 2 * c * W, tag)
-            s0, n0 = _k6_chunk(wa, o, c, qs, sp, x0, xs0, b, s0, n0, tag)
-            s1, n1 = _k6_chunk(wa, o, c, qs, sp, x0 + K, xs0 + xss, b, s1, n1, tag)
-            s2, n2 = _k6_chunk(wa, o, c, qs, sp, x0 + 2 * K, xs0 + 2 * xss, b, s2, n2, tag)
+            bp = _bias_pair(wa, o + 2 * W + 2 * c * W, tag)
+            s0 = _k6_chunk(wa, o, c, qs, bp, x0, xs0, b, s0, tag)
+            s1 = _k6_chunk(wa, o, c, qs, bp, x0 + K, xs0 + xss, b, s1, tag)
+            s2 = _k6_chunk(wa, o, c, qs, bp, x0 + 2 * K, xs0 + 2 * xss, b, s2, tag)
             if R == 4:
-                s3, n3 = _k6_chunk(wa, o, c, qs, sp, x0 + 3 * K, xs0 + 3 * xss, b, s3, n3, tag)
+                s3 = _k6_chunk(wa, o, c, qs, bp, x0 + 3 * K, xs0 + 3 * xss, b, s3, tag)
         i = m * nb + b
-        a0 = _k6_end(wa, o, ldf(xda, i), s0, n0, a0, tag)
-        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, n1, a1, tag)
-        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, n2, a2, tag)
+        a0 = _k6_end(wa, o, ldf(xda, i), s0, a0, tag)
+        a1 = _k6_end(wa, o, ldf(xda, i + nb), s1, a1, tag)
+        a2 = _k6_end(wa, o, ldf(xda, i + 2 * nb), s2, a2, tag)
         if R == 4:
-            a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, n3, a3, tag)
+            a3 = _k6_end(wa, o, ldf(xda, i + 3 * nb), s3, a3, tag)
     return a0, a1, a2, a3

@@ -141,8 +141,8 @@ def bench_model(model: str, trees: dict, ms: list[int], threads: int, reps: int,
 def _print_row(row: dict, names: list[str]) -> None:
     cells = "".join(f"  {n} {row[f'{n}_us']:9.1f} us {100 * row[f'{n}_fraction']:5.1f} %" for n in names)
     ab = f"  new/old {row['new_over_old']:.3f} ({row['q1']:.3f}-{row['q3']:.3f})" if "new_over_old" in row else ""
-    print(f"{row['model']:20s} {row['op']:14s} M={row['M']:3d} t={row['threads']} peak {row['peak'] / 1e9:5.1f}{cells}{ab}",
-          flush=True)
+    head = f"{row['model']:20s} {row['op']:14s} M={row['M']:3d} t={row['threads']} peak {row['peak'] / 1e9:5.1f}"
+    print(f"{head}{cells}{ab}", flush=True)
 
 
 class _Kernels:

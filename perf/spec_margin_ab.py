@@ -60,7 +60,8 @@ def run(model: str, spec: str, workload: str, rounds: int, margins: list[float],
                 tpot[c].append(t)
             if len(set(texts.values())) != 1:
                 raise SystemExit("error: a speculative output differs from plain greedy decoding")
-        lines = [f"{model} {spec} {workload}: plain TPOT median {statistics.median(tpot[None]):.2f} ms, {rounds} rounds"]
+        plain_ms = statistics.median(tpot[None])
+        lines = [f"{model} {spec} {workload}: plain TPOT median {plain_ms:.2f} ms, {rounds} rounds"]
         for m in margins:
             ratios = sorted(a / b for a, b in zip(tpot[m], tpot[None]))
             st = specs[m].stats

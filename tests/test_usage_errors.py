@@ -118,6 +118,18 @@ def test_llm_takes_an_opened_model_file(files):
         llm.close()
 
 
+def test_cli_prompt_as_argument_or_option(files, capsys):
+    """-p PROMPT (llama.cpp's spelling) does what the PROMPT argument does; both, or
+    neither, is a usage error (in this process: its kernels are built)."""
+    args = ("generate", "-m", files["good"], "-t", "1", "-n", "3", "--temp", "0", "--ignore-eos")
+    flag, positional = run_main(capsys, *args, "-p", "hello"), run_main(capsys, *args, "hello")
+    assert flag[0] == 0 and flag[1].endswith("\n"), flag
+    assert flag[:2] == positional[:2]
+    for extra in (("-p", "hello", "hello"), ()):
+        rc, _, err = run_main(capsys, *args, *extra)
+        assert rc == 2 and err.startswith("error:") and "prompt once" in err and len(err.splitlines()) == 1, err
+
+
 def test_cli_generate_works_on_tiny_model(files):
     """The error cases above are not an artefact of a CLI that always fails."""
     proc = run_cli("generate", "-m", files["good"], "-n", "3", "--temp", "0", "--ignore-eos", "hello")

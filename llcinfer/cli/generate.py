@@ -21,10 +21,14 @@ from .options import (kv_options, model_options, sampling_kwargs, sampling_optio
 @click.option("--chat", "use_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--verbose", "-v", is_flag=True, help="Print prompt and generation speed on stderr.")
-@click.argument("prompt")
-def generate(prompt, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k, sparse_indexers,
-             use_chat, system, verbose, **kw):
-    """Complete PROMPT (use - to read it from stdin) and stream the text to stdout."""
+@click.option("--prompt", "-p", "prompt_option", default=None, help="The prompt (llama.cpp's -p), instead of PROMPT.")
+@click.argument("prompt", required=False)
+def generate(prompt, prompt_option, model, threads, n_ctx, numerics, kv_type, kv_budget_mb, sparse, sparse_top_k,
+             sparse_indexers, use_chat, system, verbose, **kw):
+    """Complete PROMPT (or -p PROMPT; use - to read it from stdin) and stream the text to stdout."""
+    if (prompt is None) == (prompt_option is None):
+        raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt")
+    prompt = prompt if prompt_option is None else prompt_option
     spec = spec_kwargs(kw)
     SamplingParams(**sampling_kwargs(kw)).validate()  # bad values fail before loading
     if prompt == "-":

@@ -159,10 +159,15 @@ def _dot_ir(builder, acc, qs, xs, n, mode, bits):
         return builder.add(chains[0], chains[1]) if len(qs) > 1 else chains[0]
     if bits == 8:
         return _signed_dot_ir(builder, qs, xs, n)
-    g = max(1, 32767 // (256 * ((1 << bits) - 1)))
+    g = _i16_group(bits)
     for c in range(0, len(qs), g):
         acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, qs[c:c + g], xs[c:c + g], n), 1, n))
     return acc
+
+
+def _i16_group(bits):
+    """How many vpmaddubsw results of weights below 2**bits add up in i16 lanes (_dot_ir)."""
+    return max(1, 32767 // (256 * ((1 << bits) - 1)))
 
 
 def _signed_dot_ir(builder, qs, xs, n):
@@ -200,16 +205,26 @@ def _sum16(builder, qs, xs, n):
     return _tree_add(builder, [_maddubs_ir(builder, q, x, n) for q, x in zip(qs, xs)])
 
 
+def _same_tuples(qs, xs) -> bool:
+    """Whether the weight and activation operands are tuples of one length (a vdot's typing)."""
+    return isinstance(qs, types.UniTuple) and isinstance(xs, types.UniTuple) and qs.count == xs.count
+
+
+def _tuple_items(builder, sig, args):
+    """The vectors of a vdot's weight and activation tuples (arguments 1 and 2)."""
+    k = sig.args[1].count
+    return ([builder.extract_value(args[1], j) for j in range(k)],
+            [builder.extract_value(args[2], j) for j in range(k)])
+
+
 def _make_vdot(bits):
     def impl(typingctx, acc, qs, xs, tag):
         n, mode = _tag_info(tag)
-        if not (isinstance(qs, types.UniTuple) and isinstance(xs, types.UniTuple) and qs.count == xs.count):
+        if not _same_tuples(qs, xs):
             return None
 
         def codegen(context, builder, sig, args):
-            k = sig.args[1].count
-            q = [builder.extract_value(args[1], j) for j in range(k)]
-            x = [builder.extract_value(args[2], j) for j in range(k)]
+            q, x = _tuple_items(builder, sig, args)
             return _dot_ir(builder, args[0], q, x, n, mode, bits)
 
         return acc(acc, qs, xs, tag), codegen
@@ -237,20 +252,18 @@ def _make_vdot_scaled(bits):
         which drops the vpmulld and its add; the (scale, scale) pair is built here, and
         LLVM builds it once for the rows that share a weight block."""
         n, mode = _tag_info(tag)
-        if not (isinstance(qs, types.UniTuple) and isinstance(xs, types.UniTuple) and qs.count == xs.count):
+        if not _same_tuples(qs, xs):
             return None
 
         def codegen(context, builder, sig, args):
-            k = sig.args[1].count
-            q = [builder.extract_value(args[1], j) for j in range(k)]
-            x = [builder.extract_value(args[2], j) for j in range(k)]
-            acc, s = args[0], args[3]
+            q, x = _tuple_items(builder, sig, args)
+            acc, s, lanes = args[0], args[3], _vty(n)
             if mode == "vnni":
-                return builder.add(acc, builder.mul(_dot_ir(builder, ir.Constant(_vty(n), None), q, x, n, mode, bits), s))
-            lanes = _vty(n)
-            pair = builder.or_(builder.and_(s, ir.Constant(lanes, [0xFFFF] * n)), builder.shl(s, ir.Constant(lanes, [16] * n)))
-            g = max(1, 32767 // (256 * ((1 << bits) - 1)))
-            for c in range(0, k, g):
+                return builder.add(acc, builder.mul(_dot_ir(builder, ir.Constant(lanes, None), q, x, n, mode, bits), s))
+            low, shift = ir.Constant(lanes, [0xFFFF] * n), ir.Constant(lanes, [16] * n)
+            pair = builder.or_(builder.and_(s, low), builder.shl(s, shift))  # (scale, scale) as i16 halves
+            g = _i16_group(bits)
+            for c in range(0, len(q), g):
                 acc = builder.add(acc, _maddwd_ir(builder, _sum16(builder, q[c:c + g], x[c:c + g], n), pair, n))
             return acc
 
@@ -277,7 +290,8 @@ def vdot_i16(typingctx, acc, a, b, tag):
             f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
                                                f"llvm.x86.avx512.vpdpwssd.{32 * n}")
             return builder.call(f, list(args[:3]))
-        return builder.add(args[0], _maddwd_ir(builder, builder.bitcast(args[1], ir.VectorType(_I16, 2 * n)), args[2], n))
+        a16 = builder.bitcast(args[1], ir.VectorType(_I16, 2 * n))
+        return builder.add(args[0], _maddwd_ir(builder, a16, args[2], n))
 
     return acc(acc, a, b, tag), codegen
 

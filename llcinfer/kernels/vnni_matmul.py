@@ -13,11 +13,12 @@ every row 4 weight bytes (u8 operand), the 4 activation bytes are broadcast (s8 
 and vpdpbusd adds the 4 products into each row's i32 lane.  Signed weights are made
 unsigned by a bias that the block sum of the activations takes back out:
     Q4_0: (nib - 8)    Q5_0: (q5 - 16)    Q8_0: (q + 128) - 128    Q6_K: (q6 - 32)
-(the bias times the block sum initialises the block's i32 accumulator; Q6_K sums scale x
-block sum, two sub-blocks per vpdpwssd, and takes 32 times that out per super-block).
+(the bias times the block sum initialises the block's i32 accumulator; Q6_K adds -32
+scale x block sum, two sub-blocks per vpdpwssd, into its sub-blocks' accumulator).
 Q4_1 adds its mins times the block sums in float, Q4_K in integer (vpdpwssd again: Q8_K
 block sums are int16, two to an i32 lane).  AVX2 has no vpdpbusd: vpmaddubsw +
-vpmaddwd do its work (simd_math._dot_ir), and Q8_0 there is dotted as signed bytes
+vpmaddwd do its work (simd_math._dot_ir; the K-quants' sub-block scales ride in that
+vpmaddwd, simd_math.vdot_u6_scaled), and Q8_0 there is dotted as signed bytes
 (llama.cpp's sign trick), its bias term unused.
 
 Small batches: rows of x are taken 4 at a time, each weight block is loaded and decoded

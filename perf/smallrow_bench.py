@@ -165,6 +165,8 @@ def main() -> None:
     ap.add_argument("--isa", default=None, help="the int8 peak's path (default: the one the kernels take)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.reps < 1 or min(args.m) < 1 or min(args.threads) < 1:
+        ap.error("-r, --m and --threads take numbers from 1")
     if args.old:
         prepare_trees({"old": args.old, "new": args.new})
         trees = {name: _Kernels(f"ab_{name}") for name in ("old", "new")}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 from llcinfer import LLM
 from llcinfer.bench.spec import SPEC_CTX, WARM_UP, WORKLOADS
@@ -25,6 +26,9 @@ from llcinfer.errors import LLCInferError
 from llcinfer.speculative import pacer
 from llcinfer.speculative.lookup import NgramDrafter, SuffixDrafter
 from llcinfer.weights.repack_cache import wait_loaded
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab_trees import quartiles  # noqa: E402
 
 
 def run(model: str, spec: str, workload: str, rounds: int, margins: list[float], threads: int) -> list[str]:
@@ -63,10 +67,9 @@ def run(model: str, spec: str, workload: str, rounds: int, margins: list[float],
         plain_ms = statistics.median(tpot[None])
         lines = [f"{model} {spec} {workload}: plain TPOT median {plain_ms:.2f} ms, {rounds} rounds"]
         for m in margins:
-            ratios = sorted(a / b for a, b in zip(tpot[m], tpot[None]))
+            median, q1, q3 = quartiles([a / b for a, b in zip(tpot[m], tpot[None])])
             st = specs[m].stats
-            lines.append(f"  MARGIN {m}: spec / plain median {statistics.median(ratios):.3f} "
-                         f"(quartiles {ratios[len(ratios) // 4]:.3f}-{ratios[3 * len(ratios) // 4]:.3f}), "
+            lines.append(f"  MARGIN {m}: spec / plain median {median:.3f} (quartiles {q1:.3f}-{q3:.3f}), "
                          f"{st.verifications} verifications, {st.accepted} accepted, "
                          f"{st.draft_seconds * 1e3:.0f} ms drafting")
         return lines

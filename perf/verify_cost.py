@@ -9,7 +9,7 @@ and its K_max, per model and thread count.
 Each point is the median of ``-r`` steps as the step loop verifies: drafted chains after
 a ``--depth``-token committed prefix in one executor step (where the model runs on it;
 else one batched pass with tree attention), the logits of every row
-(engine/speculation.py ``verification_seconds``); with ``--spread S`` the T rows
+(engine/verify_timing.py ``verification_seconds``); with ``--spread S`` the T rows
 are shared by S sequences.  The plain decode step (the executor's, where it runs) is
 measured beside it.  The knee is fitted the same way on both curves (planner/verify.py):
 the largest T costing at most 1.25x a 1-row forward.
@@ -26,7 +26,7 @@ import numpy as np
 
 from llcinfer import LLM
 from llcinfer.errors import LLCInferError
-from llcinfer.engine.speculation import verification_seconds
+from llcinfer.engine.verify_timing import verification_seconds
 from llcinfer.planner import Calibration, cache_key, detect_machine, make_plan, workload_from_gguf
 from llcinfer.planner.verify import VERIFY_ROWS, VerifyCost, predict_verify_cost
 

@@ -9,8 +9,9 @@ import pytest
 from real_models import real_model_path
 from tiny_models import isolated_runtime, write_tiny_model
 
-from llcinfer.engine.speculation import verification_seconds
+from llcinfer.engine.runner import ModelRunner
 from llcinfer.engine.transformer import Transformer
+from llcinfer.engine.verify_timing import measure_verify_cost, verification_seconds
 from llcinfer.kv import PagedSequence
 from llcinfer.model.gguf_file import GGUFFile
 from llcinfer.planner import Calibration, load_topology, make_plan, workload_from_gguf
@@ -100,6 +101,24 @@ def test_measuring_a_verification_leaves_the_sequences_as_they_were(tmp_path):
         assert pool.available_blocks == free
         for s, r in zip(seqs, reads):
             assert all(np.array_equal(a, b) for a, b in zip(s.read(1, 0, s.n_tokens), r))
+
+
+def test_the_start_up_curve_ends_where_the_pool_runs_out(tmp_path):
+    """measure_verify_cost on a sequence of 64 tokens in a pool of 128 token slots: the sizes
+    that fit are timed (a prefix of VERIFY_ROWS, each step positive), the first that does
+    not ends the curve, and the sequence and the pool are left as they were."""
+    with isolated_runtime(tmp_path / "home"):
+        m = Transformer(GGUFFile(write_tiny_model(tmp_path / "t.gguf", "llama", "Q8_0", n_layer=2, seed=5,
+                                                  n_ctx=256)))
+        pool, prefix = m.new_pool(128, 1, prefix_sharing=False)
+        seq = PagedSequence(pool, 128, prefix, "sequence")
+        m.forward_chunks([(seq, list(range(1, 65)))])
+        before, free, kv = (seq.n_tokens, list(seq.tokens)), pool.available_blocks, seq.read(1, 0, 64)
+        rows, seconds, decode_s = measure_verify_cost(m, ModelRunner(m, pool.kind, None), seq)
+        assert 1 <= len(rows) < len(VERIFY_ROWS) and tuple(rows) == VERIFY_ROWS[:len(rows)]
+        assert len(seconds) == len(rows) and min(seconds) > 0 and decode_s > 0
+        assert (seq.n_tokens, list(seq.tokens)) == before and pool.available_blocks == free
+        assert all(np.array_equal(a, b) for a, b in zip(seq.read(1, 0, 64), kv))
 
 
 def test_the_seconds_table_equals_the_curve_and_follows_k_max():

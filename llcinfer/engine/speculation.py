@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OutOfMemoryError
-from ..planner.verify import VERIFY_ROWS, VerifyCost
+from ..planner.verify import VerifyCost
 from ..speculative import Acceptance, DraftTree, Gates, Pacer, acceptance_walk, select_per_sequence, select_super_tree
+from .verify_timing import measure_verify_cost, verification_seconds  # noqa: F401 - perf/ab_trees.py reads it here
 
 _MAX_NODES_PER_SEQ = 64  # candidate nodes a drafter may propose for one sequence
 DECODE_EMA = 0.3  # weight of the newest one-sequence plain step in the decode time followed
@@ -85,31 +86,20 @@ class Speculator:
 
     # ------------------------------------------------------------------ start-up
     def measure_cost(self, model, runner, new_sequence) -> VerifyCost:
-        """Time a verification of T rows (T in VERIFY_ROWS, one sequence after a 64-token
-        prefix) and one plain decode step, medians; fit the knee and slope.  Verification
-        runs where the runner will run it: on its executor when it has one."""
+        """Time verifications of T rows (T in VERIFY_ROWS, one sequence after a 64-token
+        prefix) against plain decode steps, in rounds (engine/verify_timing.py), and fit
+        the knee and slope.  Verification runs where the runner will run it: on its
+        executor when it has one."""
         self.executor = runner.executor
         if self.executor is not None and hasattr(self.drafter, "use_executor"):
             self.drafter.use_executor(self.executor)
         seq = new_sequence("verify-cost")
         try:
             model.forward_chunks([(seq, list(range(1, 65)))])
-            rows, times = [], []
-            for t in VERIFY_ROWS:
-                try:
-                    times.append(verification_seconds(model, [seq], t, executor=self.executor))
-                except OutOfMemoryError:  # a small pool: the curve ends where its trees stop fitting
-                    break
-                rows.append(t)
-            n0, rep = seq.n_tokens, []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                runner.decode_rows([seq], [1])
-                rep.append(time.perf_counter() - t0)
-                seq.truncate(n0)
+            rows, times, decode_s = measure_verify_cost(model, runner, seq, self.executor)
         finally:
             seq.free()
-        cost = VerifyCost.fit(rows, times, float(np.median(rep)))
+        cost = VerifyCost.fit(rows, times, decode_s)
         if self.budget is not None:
             cost.k_max = int(self.budget)
         self.cost = cost
@@ -361,33 +351,3 @@ def _may_pay(trees: list[DraftTree], cost: VerifyCost) -> bool:
         return False
     fastest = float(cost.seconds_upto(n + nodes)[n + 1:n + nodes + 1].min())
     return (n + sum(float(t.conf.sum()) for t in trees)) * (1 + 1e-9) / fastest > n / cost.plain_s(n)
-
-
-def verification_seconds(model, seqs: list, rows: int, reps: int = 3, executor=None) -> float:
-    """Median seconds of one verification of ``rows`` rows spread evenly over ``seqs`` as
-    the step loop runs it, the logits of every row: with ``executor``, one executor step
-    of a chain per sequence; else one batched forward with tree attention, each
-    sequence's rows a root and chains of up to 8 drafted tokens under it
-    (``chain_tree``).  The sequences are left as they were; raises OutOfMemoryError when
-    the pool has no room for the rows."""
-    sizes = [len(part) for part in np.array_split(np.arange(rows), len(seqs)) if len(part)]
-    chunks = [(seq, [1] * n) for seq, n in zip(seqs, sizes)]
-    trees = [chain_tree(n) for n in sizes]
-    n0 = [seq.n_tokens for seq, _ in chunks]
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        if executor is not None:
-            executor.step_rows([seq for seq, _ in chunks], [t for _, t in chunks], [False] * len(chunks))
-        else:
-            model.forward_chunks(chunks, np.arange(rows), trees)
-        times.append(time.perf_counter() - t0)
-        for (seq, _), n in zip(chunks, n0):
-            seq.truncate(n)
-    return float(np.median(times))
-
-
-def chain_tree(n: int, depth: int = 8) -> np.ndarray:
-    """parents  # [n] of a root (row 0) with chains of ``depth`` rows under it."""
-    i = np.arange(n, dtype=np.int64)
-    return np.where(i % depth == 1, 0, i - 1) if depth > 1 else np.where(i == 0, -1, 0)

@@ -6,12 +6,13 @@ and its K_max, per model and thread count.
     python perf/verify_cost.py                                   # every catalog model, 1 and 2 threads
     python perf/verify_cost.py -m smollm2-135m -t 2 --spread 4 --plot verify.png --json out.json
 
-Each point is the median of ``-r`` steps as the step loop verifies: drafted chains after
-a ``--depth``-token committed prefix in one executor step (where the model runs on it;
-else one batched pass with tree attention), the logits of every row
-(engine/verify_timing.py ``verification_seconds``); with ``--spread S`` the T rows
-are shared by S sequences.  The plain decode step (the executor's, where it runs) is
-measured beside it.  The knee is fitted the same way on both curves (planner/verify.py):
+Each step is one as the step loop verifies: drafted chains after a ``--depth``-token
+committed prefix in one executor step (where the model runs on it; else one batched pass
+with tree attention), the logits of every row; with ``--spread S`` the T rows are shared
+by S sequences.  The steps are timed as the engine's start-up times them
+(engine/verify_timing.py ``measure_verify_cost``): ``-r`` rounds of a plain decode step
+(the executor's, where it runs), every size once and another decode step, each size the
+median of its ratios to its round's decode steps.  The knee is fitted the same way on both curves (planner/verify.py):
 the largest T costing at most 1.25x a 1-row forward.
 """
 
@@ -19,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
 from llcinfer import LLM
 from llcinfer.errors import LLCInferError
-from llcinfer.engine.verify_timing import verification_seconds
+from llcinfer.engine.verify_timing import measure_verify_cost
 from llcinfer.planner import Calibration, cache_key, detect_machine, make_plan, workload_from_gguf
 from llcinfer.planner.verify import VERIFY_ROWS, VerifyCost, predict_verify_cost
 
@@ -40,19 +40,14 @@ def measure(model: str, threads: int, spread: list[int], depth: int, reps: int) 
         seqs = [eng.new_sequence(f"verify {i}") for i in range(max(spread))]
         for s in seqs:
             llm.model.forward_chunks([(s, [1 + (j % 500) for j in range(depth)])])
-        curves = {}
+        curves, decode = {}, {}
         for s in spread:
-            curves[s] = [verification_seconds(llm.model, seqs[:s], t, reps, eng.runner.executor)
-                         for t in VERIFY_ROWS if t >= s]
-        n0, dec = seqs[0].n_tokens, []
-        for _ in range(2 * reps + 1):
-            t0 = time.perf_counter()
-            eng.runner.decode_rows(seqs[:1], [1])
-            dec.append(time.perf_counter() - t0)
-            seqs[0].truncate(n0)
+            rows, sec, decode[s] = measure_verify_cost(llm.model, eng.runner, seqs[:s], eng.runner.executor,
+                                                       [t for t in VERIFY_ROWS if t >= s], rounds=reps)
+            curves[s] = (rows, sec)
         for s in seqs:
             s.free()
-        return {"curves": curves, "decode_s": float(np.median(dec)), "path": str(llm.model_path)}
+        return {"curves": curves, "decode_s": decode[1], "path": str(llm.model_path)}
     finally:
         llm.close()
 
@@ -84,11 +79,10 @@ def main() -> None:
         for th in a.threads or [1, 2]:
             got = measure(model, th, spread, a.depth, a.repetitions)
             for s in spread:
-                rows = [t for t in VERIFY_ROWS if t >= s]
-                sec = got["curves"][s]
+                rows, sec = got["curves"][s]  # [T] the sizes that fitted the pool, [T] seconds
                 fit = VerifyCost.fit(rows, sec, got["decode_s"]) if rows[0] == 1 else None
                 pred, psec = predicted(got["path"], model, th, a.depth, s)
-                psec = [p for t, p in zip(VERIFY_ROWS, psec) if t >= s]
+                psec = [p for t, p in zip(VERIFY_ROWS, psec) if t in rows]
                 out.append({"model": model, "threads": th, "spread": s, "rows": rows, "measured_s": sec,
                             "predicted_s": psec, "decode_s": got["decode_s"],
                             "measured": fit.to_dict() if fit else None, "predicted": pred.to_dict()})

@@ -114,7 +114,7 @@ def test_the_start_up_curve_ends_where_the_pool_runs_out(tmp_path):
         seq = PagedSequence(pool, 128, prefix, "sequence")
         m.forward_chunks([(seq, list(range(1, 65)))])
         before, free, kv = (seq.n_tokens, list(seq.tokens)), pool.available_blocks, seq.read(1, 0, 64)
-        rows, seconds, decode_s = measure_verify_cost(m, ModelRunner(m, pool.kind, None), seq)
+        rows, seconds, decode_s = measure_verify_cost(m, ModelRunner(m, pool.kind, None), [seq])
         assert 1 <= len(rows) < len(VERIFY_ROWS) and tuple(rows) == VERIFY_ROWS[:len(rows)]
         assert len(seconds) == len(rows) and min(seconds) > 0 and decode_s > 0
         assert (seq.n_tokens, list(seq.tokens)) == before and pool.available_blocks == free

@@ -96,7 +96,7 @@ class Speculator:
         seq = new_sequence("verify-cost")
         try:
             model.forward_chunks([(seq, list(range(1, 65)))])
-            rows, times, decode_s = measure_verify_cost(model, runner, seq, self.executor)
+            rows, times, decode_s = measure_verify_cost(model, runner, [seq], self.executor)
         finally:
             seq.free()
         cost = VerifyCost.fit(rows, times, decode_s)

@@ -1,10 +1,11 @@
 """What a verification step costs on this host, timed where the step loop runs it.
 
-    measure_verify_cost   the speculator's start-up curve: t(T) for T in VERIFY_ROWS
-                          and the plain one-row decode step, on one sequence
-    verification_seconds  one size's step, spread over several sequences (perf/verify_cost.py)
+    measure_verify_cost   t(T) for T in VERIFY_ROWS and the plain one-row decode step:
+                          the speculator's start-up curve (one sequence), perf/verify_cost.py's
+                          (the rows spread over one or several)
+    verification_seconds  one step of one size
 
-The start-up curve is timed in rounds.  A round is one plain decode step, one
+The curve is timed in rounds.  A round is one plain decode step, one
 verification of every size, and another decode step; a size's time is the median over
 the rounds of its ratio to the mean of its round's two decode steps, times the median
 decode step:
@@ -32,11 +33,14 @@ ROUNDS = 5  # start-up rounds (module doc)
 LONG_ROWS, LONG_ROUNDS = 16, 3  # sizes from LONG_ROWS on are timed in the first LONG_ROUNDS rounds
 
 
-def measure_verify_cost(model, runner, seq, executor=None) -> tuple[list[int], list[float], float]:
-    """(rows, seconds, decode seconds): the start-up curve of ``seq`` (module doc), every
-    verification placed after its tokens as the step loop would (``verification_seconds``)
-    and the plain step through ``runner.decode_rows``.  The curve ends before the first
-    size the KV pool has no room for; ``seq`` is left as it was."""
+def measure_verify_cost(model, runner, seqs: list, executor=None, rows=VERIFY_ROWS,
+                        rounds: int = ROUNDS) -> tuple[list[int], list[float], float]:
+    """(rows, seconds, decode seconds): the curve of verifications spread over ``seqs``
+    (module doc; ``rounds`` rounds), each placed after its sequences' tokens as the step
+    loop would (``verification_seconds``), and the plain step of ``seqs[0]`` through
+    ``runner.decode_rows``.  The curve ends before the first size the KV pool has no room
+    for; the sequences are left as they were."""
+    seq = seqs[0]
     n0 = seq.n_tokens
 
     def decode_step() -> float:
@@ -46,17 +50,17 @@ def measure_verify_cost(model, runner, seq, executor=None) -> tuple[list[int], l
         seq.truncate(n0)
         return seconds
 
-    sizes = list(VERIFY_ROWS)
+    sizes = list(rows)
     ratios: dict[int, list[float]] = {t: [] for t in sizes}  # size -> its step over its round's decode step
     decode: list[float] = []
-    for r in range(ROUNDS):
+    for r in range(rounds):
         before = decode_step()
         took = {}
         for t in sizes:
             if t >= LONG_ROWS and r >= LONG_ROUNDS:
                 continue
             try:
-                took[t] = verification_seconds(model, [seq], t, reps=1, executor=executor)
+                took[t] = verification_seconds(model, seqs, t, reps=1, executor=executor)
             except OutOfMemoryError:  # a small pool: the curve ends where its trees stop fitting
                 sizes = [s for s in sizes if s < t]
                 break

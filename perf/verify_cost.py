@@ -12,8 +12,8 @@ with tree attention), the logits of every row; with ``--spread S`` the T rows ar
 by S sequences.  The steps are timed as the engine's start-up times them
 (engine/verify_timing.py ``measure_verify_cost``): ``-r`` rounds of a plain decode step
 (the executor's, where it runs), every size once and another decode step, each size the
-median of its ratios to its round's decode steps.  The knee is fitted the same way on both curves (planner/verify.py):
-the largest T costing at most 1.25x a 1-row forward.
+median of its ratios to its round's decode steps.  The knee is fitted the same way on
+both curves (planner/verify.py): the largest T costing at most 1.25x a 1-row forward.
 """
 
 from __future__ import annotations

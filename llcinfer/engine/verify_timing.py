@@ -5,10 +5,9 @@
                           (the rows spread over one or several)
     verification_seconds  one step of one size
 
-The curve is timed in rounds.  A round is one plain decode step, one
-verification of every size, and another decode step; a size's time is the median over
-the rounds of its ratio to the mean of its round's two decode steps, times the median
-decode step:
+The curve is timed in rounds.  A round is one plain decode step, one verification of
+every size, and another decode step; a size's time is the median over the rounds of its
+ratio to the mean of its round's two decode steps, times the median decode step:
 
     t(T) = median_r( v_r(T) / ((d_r + d'_r) / 2) ) * median(d, d')
 

@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG: the curves with the measured and predicted knees")
     a = ap.parse_args()
+    if a.repetitions < 1 or a.depth < 1 or a.spread < 1 or any(t < 1 for t in a.threads or []):
+        ap.error("-r/--repetitions, --depth, --spread and -t/--threads take positive numbers")
     if a.plot:
         from llcinfer.bench.plot import require_matplotlib
 

@@ -4,6 +4,7 @@
 import numpy as np
 
 from llcinfer.speculative import NgramDrafter, SuffixDrafter
+from llcinfer.speculative.lookup import COPY_MATCH
 
 
 def test_ngram_and_suffix_drafters_propose_seen_continuations():
@@ -40,6 +41,30 @@ def test_repeats_says_what_a_proposal_would_match():
                 seen |= set(got.values())
                 tokens = tokens + [int(rng.integers(0, 5))]
             assert seen == {True, False}
+
+
+def test_guesses_is_repeats_of_copy_match_tokens():
+    """``guesses`` (asked at every paused step, with its own n-gram set) says what
+    ``repeats(key, tokens, COPY_MATCH)`` says, token by token as requests grow, with and
+    without proposals between (whose substitutions edit the prompt), and for the suffix
+    drafter with another request's history; where max_match is shorter, for max_match."""
+    rng = np.random.default_rng(7)
+    for d in (NgramDrafter(), SuffixDrafter(), NgramDrafter(max_match=2)):
+        n = min(COPY_MATCH, d.max_match)
+        if isinstance(d, SuffixDrafter):
+            d.finish("old", rng.integers(0, 6, 40).tolist())
+        for key in range(4):
+            tokens = rng.integers(0, 6, 10).tolist()
+            seen = set()
+            for i in range(50):
+                if key % 2 and i % 3 == 0:
+                    d.propose(key, tokens, 4)
+                got = d.guesses(key, tokens)
+                assert got == d.repeats(key, tokens, n)
+                seen.add(got)
+                tokens = tokens + [int(rng.integers(0, 6))]
+            assert seen == {True, False}
+            d.finish(key, tokens)
 
 
 def test_ngram_index_finds_what_a_scan_finds_and_adds_no_objects_per_entry():

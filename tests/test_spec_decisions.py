@@ -95,7 +95,7 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
     sp.pacer.plain_s = 0.010
 
     def step(ids, n_concurrent=1):
-        reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
+        reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 4, 5, 6], params=SimpleNamespace(max_tokens=99),
                                 stats=SimpleNamespace(n_generated=2)) for i in ids]
         batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs],
                                 n_tokens=len(reqs))
@@ -119,6 +119,36 @@ def test_an_account_overdrawn_on_earlier_requests_is_forgiven_when_new_ones_deco
         sp.acceptance.observe(np.full(4, 0.5), np.zeros(4, bool))
     step([5, 6])
     assert sp.drafter.proposed == [0, 2, 3] and sp.pacer.credit == -0.05
+
+
+def test_an_overdrawn_lookup_drafts_only_where_the_text_repeats():
+    """With the pacer overdrawn, a lookup drafts where the request's last COPY_MATCH tokens
+    occur earlier in its text (a copy), not where only shorter ones do, and such drafting
+    is charged as copies."""
+    class Counting(NgramDrafter):
+        proposed = 0
+
+        def propose(self, key, tokens, max_nodes, chain=False):
+            Counting.proposed += 1
+            return DraftTree.empty()
+
+    sp = Speculator(Counting())
+    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
+    sp.pacer.plain_s = 0.010
+    req = SimpleNamespace(id=0, n_prompt=4, tokens=[7, 1, 2, 3, 9, 4, 2, 3], params=SimpleNamespace(max_tokens=99),
+                          stats=SimpleNamespace(n_generated=4))
+    chunk = SimpleNamespace(start=7, tokens=[3], request=req, tree=None)
+    batch = SimpleNamespace(chunks=[chunk], n_tokens=1)
+    sp.extend(batch, 64, 64)  # a new request: a plain step first (Pacer.fresh)
+    sp.pacer.credit = -0.001
+    sp.extend(batch, 64, 64)  # [2, 3] occurred before, [4, 2, 3] did not
+    assert Counting.proposed == 0 and not sp._drafted
+    req.tokens[5], req.stats.n_generated = 1, 5  # now [1, 2, 3] did
+    sp.extend(batch, 64, 64)
+    assert Counting.proposed == 1 and sp._drafted and sp._copying
+    sp.pacer.copy_spent = 1.0  # its allowance spent
+    sp.extend(batch, 64, 64)
+    assert Counting.proposed == 1
 
 
 def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up():

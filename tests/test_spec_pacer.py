@@ -7,7 +7,7 @@ import pytest
 
 from llcinfer.engine.speculation import Speculator
 from llcinfer.speculative import Pacer, NgramDrafter, VerifyCost
-from llcinfer.speculative.pacer import CREDIT_STEPS, MARGIN, PROBE_EVERY
+from llcinfer.speculative.pacer import COPY_STEPS, CREDIT_STEPS, MARGIN, PROBE_EVERY
 
 from spec_helpers import FREE
 
@@ -54,6 +54,33 @@ def test_pacer_banks_what_speculation_gains_for_the_verifications_that_fail():
     # for the drafts' measured worth to decide (Acceptance)
     pacer.record("verified", 0.017, tokens=1, drafting=0.001)  # its drafting is
     assert pacer.paused()
+
+
+def test_overdrawn_drafting_goes_on_where_the_text_repeats_until_it_costs_copy_steps():
+    """Paused for an overdraft, drafting on repeating text (copies) is allowed until it has
+    cost COPY_STEPS plain steps without a gain; a verification that gains renews the
+    allowance, and so do new requests."""
+    pacer = Pacer()
+    pacer.record("plain", 0.010)
+    assert not pacer.paused() and not pacer.copies()  # not overdrawn: drafting as usual
+    pacer.record("drafted", 0.011, drafting=0.001)
+    assert pacer.paused() and pacer.copies()
+    copies = 0
+    while pacer.paused() and pacer.copies():  # repeating text whose drafts verify nothing
+        copies += 1
+        pacer.record("drafted", 0.011, drafting=0.001, copying=True)
+    assert copies == pytest.approx(COPY_STEPS * 10, abs=1) and pacer.credit < 0
+    pacer.record("plain", 0.010)  # ... nor does the margin renew it
+    assert pacer.paused() and not pacer.copies()
+    pacer.fresh()
+    assert pacer.paused() and not pacer.overdrawn  # new requests: the plain figure's probe first ...
+    pacer.record("plain", 0.010)
+    pacer.credit = -0.001
+    assert pacer.paused() and pacer.copies()  # ... and the allowance renewed
+    for _ in range(COPY_STEPS * 10 - 1):
+        pacer.record("drafted", 0.011, drafting=0.001, copying=True)
+    pacer.record("verified", 0.012, tokens=8, drafting=0.001, copying=True)  # a copy that gained
+    assert pacer.copy_spent == 0.0 and pacer.credit > 0 and not pacer.paused()
 
 
 def test_pacer_keeps_its_plain_figure_current():

@@ -75,7 +75,8 @@ class Speculator:
         self.own_drafts = Acceptance()  # ... of a draft model's own verified chains, not its copies (gain_s)
         self._ratio = 1.0  # the scale of this step's trees
         self.pacer = Pacer()  # drafting paused while speculation has cost more than it gained
-        self._drafted = False  # whether this step's extend ran the drafter
+        self._drafted = False  # whether this step's extend ran the drafter ...
+        self._copying = False  # ... only where the text repeats, the pacer overdrawn (Pacer.copies)
         self._draft_step_s = 0.0  # seconds this step's extend spent drafting
         self._prompt_read_s = 0.0  # of which reading a prompt the draft had not read (record_step)
         self.executor = None  # the runner's DecodeExecutor (set by measure_cost): drafts are chains
@@ -145,32 +146,36 @@ class Speculator:
         if not ids & self._decoding and self.gain_s(n, 1) > 0:
             self.pacer.fresh()  # a new workload, where drafts of the measured worth could pay for it
         self._decoding = ids
+        catch_up_s = getattr(self.drafter, "catch_up_s", None)
+        guessed = None  # overdrawn: the requests whose text repeats, the only ones drafted for (Pacer.copies)
+        if self.pacer.paused(self._resume_s(decoding) if catch_up_s is not None else 0.0):
+            if hasattr(self.drafter, "guesses") and self.pacer.copies():
+                guessed = {c.request.id for c in decoding if self.drafter.guesses(c.request.id, c.request.tokens)}
+            if not guessed:
+                self.stats.plain_steps += 1
+                return  # most steps of text that does not repeat end here, first
         if not self.can_pay(len(decoding)):
             self.stats.plain_steps += 1
             return
-        catch_up_s = getattr(self.drafter, "catch_up_s", None)
-        copies_only = False  # paused for a draft model's overdraft: only its copies, which run no draft step
-        if self.pacer.paused(self._resume_s(decoding) if catch_up_s is not None else 0.0):
-            copies_only = catch_up_s is not None and self.pacer.overdrawn
-            if not copies_only:
-                self.stats.plain_steps += 1
-                return
         t0 = time.perf_counter()
         asks = []
-        if catch_up_s is not None and not copies_only:  # copies read no tokens into the draft
+        copies_only = guessed is not None  # a draft model copies these, with no draft step
+        if catch_up_s is not None and not copies_only:
             gain_per_step = self.gain_s(n, 1)
         for c in decoding:
             req = c.request
             self.acceptance.resolve(req.id, req.tokens)
             left = min(n_ctx - c.start - 1, req.params.max_tokens - req.stats.n_generated - 1)
-            if (catch_up_s is not None and (copies_only or catch_up_s(req.id, req.tokens) > left * gain_per_step)
-                    and not self.drafter.guesses(req.id, req.tokens)):
+            if copies_only:
+                left = left if req.id in guessed else 0
+            elif (catch_up_s is not None and catch_up_s(req.id, req.tokens) > left * gain_per_step
+                  and not self.drafter.guesses(req.id, req.tokens)):
                 left = 0  # catching the draft up costs more than its drafts could save (copying needs none)
             asks.append((req.id, req.tokens, max(0, min(left, _MAX_NODES_PER_SEQ))))
         if not any(max_nodes for _, _, max_nodes in asks):
             self.stats.plain_steps += 1
             return  # no request has room to draft for: a plain step
-        self._drafted = True
+        self._drafted, self._copying = True, copies_only
         late = catch_up_s is not None and any(max_nodes and catch_up_s(c.request.id, c.request.tokens[:c.request.n_prompt])
                                               for c, (_, _, max_nodes) in zip(decoding, asks))
         chains = self.executor is not None  # the executor verifies chains: each tree's best one
@@ -278,7 +283,7 @@ class Speculator:
         gained, speculating or not (``Pacer``).  A prompt the draft model read in this
         step's proposal, not having read it with the target's prefill, is prefill: its
         batched forward is left out of the step and of its drafting."""
-        drafted, self._drafted = self._drafted, False
+        drafted, copying, self._drafted, self._copying = self._drafted, self._copying, False, False
         prompt_read, self._prompt_read_s = (self._prompt_read_s if drafted else 0.0), 0.0
         if any(c.start < c.request.n_prompt for c in batch.chunks):
             return  # a prompt chunk ran too: not a decode step's time
@@ -287,7 +292,7 @@ class Speculator:
             kind = "verified" if any(c.tree is not None for c in batch.chunks) else "drafted" if drafted else "plain"
             drafting = self._draft_step_s - prompt_read if drafted else 0.0
             seconds -= prompt_read
-            self.pacer.record(kind, seconds, gained / len(batch.chunks), drafting)
+            self.pacer.record(kind, seconds, gained / len(batch.chunks), drafting, copying)
             if kind != "verified" and len(batch.chunks) == 1:  # a plain decode step of one sequence
                 step = seconds - drafting
                 self._decode_s = step if self._decode_s is None else (1 - DECODE_EMA) * self._decode_s + DECODE_EMA * step

@@ -33,6 +33,7 @@ from .continuations import continuation_chain, continuation_trie
 from .copy_edits import CopyEdits
 from .tree import DraftTree
 
+COPY_MATCH = 3  # a match this long: the request's text repeats (``guesses``)
 _MAX_OCCURRENCES = 24  # most recent occurrences merged into one trie
 _SHORT_MATCH, _SHORT_DEPTH = 2, 8  # matches of at most 2 tokens continue at most 8 deep: rarely accepted
 # further, and merging 24 continuations 32 deep each step cost 0.45 ms of a 5 ms SmolLM2 step
@@ -112,6 +113,8 @@ class NgramDrafter:
         self._copying: dict[object, int] = {}  # request key -> 1 while its last verified path was accepted whole
         self._edits: dict[object, CopyEdits] = {}  # request key -> its prompt and learned substitutions
         self._pending: dict[object, tuple] = {}  # request key -> its last proposal's best path (_learn)
+        self._grams: dict[object, tuple[set, list[int]]] = {}  # request key -> (its own COPY_MATCH-grams a
+        # token follows, [end of the next one to add]) (guesses)
 
     def rate(self, n: int, copying: int = 0) -> float:
         """Per-token acceptance rate of drafts from n-token matches, made right after a
@@ -138,6 +141,7 @@ class NgramDrafter:
             self._own[key] = (idx, idx.add(tokens, skip=max(0, len(tokens) - 2)))  # the prompt: CopyEdits
             self._edits[key] = CopyEdits(tokens[:-1])  # what it started from: before its first proposal's root
             self._pending.pop(key, None)
+            self._grams[key] = (set(), [len(tokens) - 1])  # the n-grams the index has, as above
         idx, doc = self._own[key]
         have = len(idx.docs[doc])
         if tokens[:have] != idx.docs[doc]:  # rewound (never in the engine): start over
@@ -181,6 +185,30 @@ class NgramDrafter:
                     return True
             elif len(self._edits[key].ends(pattern)) or idx.occurrences(pattern, (doc, len(tokens)), 1):
                 return True
+        return False
+
+    def guesses(self, key, tokens: list[int]) -> bool:
+        """Whether the request's text repeats: ``repeats`` for its last ``COPY_MATCH`` tokens
+        (``max_match`` if fewer): where a copy is likely, and drafting goes on while the
+        pacer is overdrawn (pacer.py, ``copies``).  Asked at every step drafting is
+        paused, so it leaves the index to catch up at the next proposal and looks the
+        request's own tokens up in a set of their n-grams (which assumes, as the engine
+        does, that ``tokens`` only grow)."""
+        n = min(COPY_MATCH, self.max_match)
+        if not self.min_match <= n < len(tokens):
+            return False
+        if key not in self._own:
+            self._own_index(key, tokens)
+        self._learn(key, tokens)
+        grams, upto = self._grams[key]
+        for end in range(max(upto[0], n), len(tokens)):  # those a token follows
+            grams.add(tuple(tokens[end - n:end]))
+        upto[0] = max(upto[0], len(tokens))
+        pattern = tuple(tokens[-n:])
+        return pattern in grams or len(self._edits[key].ends(pattern)) > 0 or self._elsewhere(pattern)
+
+    def _elsewhere(self, pattern: tuple[int, ...]) -> bool:
+        """Whether ``pattern`` occurs, a token after it, in text other than the request's."""
         return False
 
     def propose(self, key, tokens: list[int], max_nodes: int, chain: bool = False) -> DraftTree:
@@ -232,7 +260,7 @@ class NgramDrafter:
 
     def finish(self, key, tokens: list[int]) -> None:
         """The request ended with ``tokens``: forget its index."""
-        for d in (self._own, self._last_match, self._copying, self._edits, self._pending):
+        for d in (self._own, self._last_match, self._copying, self._edits, self._pending, self._grams):
             d.pop(key, None)
 
 
@@ -249,6 +277,9 @@ class SuffixDrafter(NgramDrafter):
 
     def _indexes(self, key, tokens):
         return [(self.history, None)] + super()._indexes(key, tokens)
+
+    def _elsewhere(self, pattern: tuple[int, ...]) -> bool:
+        return bool(self.history.occurrences(pattern, None, 1))
 
     def finish(self, key, tokens: list[int]) -> None:
         super().finish(key, tokens)

@@ -19,19 +19,22 @@ pays-for-itself test), step by step; the pacer's part is what drafting costs.
 
 While the credit is below zero the steps decode plainly, so drafting costs at most
 MARGIN of the time beyond what it gains: a lookup that costs less than MARGIN of a step
-drafts on through text it finds nothing in, a dearer one every few steps.  A draft model
-resumes only once the credit also covers catching up on the tokens it missed while
-paused (``paused(resume_s)``), which grows faster than MARGIN earns, so after a pause it
-drafts again where the text repeats (the speculator then asks for no such cover) or for
-the next requests.  A
-code edit's copying banks enough to draft on through the prose between copies and to
-pay for the verifications that fail where the target leaves the text it copies.
+drafts on through text it finds nothing in, a dearer one every few steps.  Where the
+request's text repeats (its last tokens occur earlier in its prompt or output: the
+drafter ``guesses``, and a copy is likely) drafting goes on while overdrawn (``copies``),
+so a code edit's answer is drafted from its first copied tokens however long the prose
+before them; such drafting is charged like any other, and stops once it has cost
+``COPY_STEPS`` plain steps without a gain (text that repeats where the target does not
+copy it), until a verification gains or new requests decode.  A draft model resumes
+only once the credit also covers catching up on the tokens it missed while paused
+(``paused(resume_s)``), which grows faster than MARGIN earns; where the text repeats it
+copies meanwhile, with no draft step.
 
-An account overdrawn on earlier requests is forgiven when a new set of requests starts
-decoding (``fresh``; the speculator calls it where drafts of their measured worth could
-pay for that many sequences): what drafting lost on other text says little about a new
-prompt's, so each new workload gets one probe; under load the decoding set overlaps from
-one step to the next and the account carries on.
+An account overdrawn on earlier requests is forgiven, and the copies' allowance renewed,
+when a new set of requests starts decoding (``fresh``; the speculator calls it where
+drafts of their measured worth could pay for that many sequences): what drafting lost on
+other text says little about a new prompt's, so each new workload gets one probe; under
+load the decoding set overlaps from one step to the next and the account carries on.
 
 The plain figure is kept current by the plain steps and by the steps that drafted and
 verified nothing (their time less the drafting), and by one plain step every
@@ -42,7 +45,8 @@ that costs).
 
 from __future__ import annotations
 
-MARGIN = 0.02  # share of the plain steps' time that drafting may cost beyond what it gains
+MARGIN = 0.005  # share of the plain steps' time that drafting may cost beyond what it gains
+COPY_STEPS = 4  # plain steps of drafting on repeating text, while overdrawn, that may go without a gain
 CREDIT_STEPS = 16  # the most credit kept, in plain steps ...
 KEEP = 0.9  # ... and the share of it a drafting step keeps: recent gains pay for losses, old ones do not
 EMA = 0.3  # weight of the newest plain step in plain_s, where it is not faster
@@ -59,6 +63,7 @@ class Pacer:
         self.since_plain = 0  # verifying steps since the last plain one
         self._retime = False  # the next plain step's time replaces plain_s whole (fresh)
         self.overdrawn = False  # paused for an overdraft since the last drafting step
+        self.copy_spent = 0.0  # seconds of drafting on repeating text while overdrawn, since the last gain
 
     def paused(self, resume_s: float = 0.0) -> bool:
         """Whether this step decodes plainly without drafting (counts the step): before
@@ -77,17 +82,24 @@ class Pacer:
             return True
         return False
 
+    def copies(self) -> bool:
+        """While paused for an overdraft: whether drafting still goes on where a request's
+        text repeats, until such drafting has cost COPY_STEPS plain steps without a gain."""
+        return self.overdrawn and self.copy_spent < COPY_STEPS * self.plain_s
+
     def fresh(self) -> None:
         """A new set of requests decodes: an overdrawn account starts again at zero, and the
         next step decodes plainly, its time taken whole as plain_s (the figure may be from
         another moment of the host's, the cold steps after loading included)."""
-        self.credit, self.overdrawn = max(self.credit, 0.0), False
+        self.credit, self.overdrawn, self.copy_spent = max(self.credit, 0.0), False, 0.0
         if self.plain_s is not None:
             self.since_plain, self._retime = PROBE_EVERY, True
 
-    def record(self, kind: str, seconds: float, tokens: float = 1.0, drafting: float = 0.0) -> None:
+    def record(self, kind: str, seconds: float, tokens: float = 1.0, drafting: float = 0.0,
+               copying: bool = False) -> None:
         """A step of ``seconds``, in which each sequence gained ``tokens`` on average, and of
-        which ``drafting`` seconds went to drafting."""
+        which ``drafting`` seconds went to drafting; ``copying``: it drafted only because
+        the text repeats (``copies``)."""
         if kind != "verified":  # a plain step, with its drafting where it drafted
             now = (seconds - drafting) / tokens  # a faster plain step is taken whole: the first ones ran cold
             whole = self.plain_s is None or now < self.plain_s or self._retime
@@ -102,10 +114,14 @@ class Pacer:
         if self.credit > 0:
             self.credit *= KEEP
         self._book(MARGIN * tokens * self.plain_s - drafting)
+        gain = tokens * self.plain_s - (seconds - drafting) if kind == "verified" else 0.0
         if kind == "verified":
             self.since_plain += 1
-            gain = tokens * self.plain_s - (seconds - drafting)
             self._book(gain if gain > 0 else max(gain, -max(self.credit, 0.0)))  # a loss empties the bank at most
+        if gain > 0:
+            self.copy_spent = 0.0
+        elif copying:
+            self.copy_spent += drafting
 
     def _book(self, seconds: float) -> None:
         self.credit = min(self.credit + seconds, CREDIT_STEPS * self.plain_s)

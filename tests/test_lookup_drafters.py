@@ -52,9 +52,9 @@ def test_guesses_is_repeats_of_copy_match_tokens():
     for d in (NgramDrafter(), SuffixDrafter(), NgramDrafter(max_match=2)):
         n = min(COPY_MATCH, d.max_match)
         if isinstance(d, SuffixDrafter):
-            d.finish("old", rng.integers(0, 6, 40).tolist())
+            d.finish("old", rng.integers(0, 4, 40).tolist())
         for key in range(4):
-            tokens = rng.integers(0, 6, 10).tolist()
+            tokens = rng.integers(0, 4, 10).tolist()
             seen = set()
             for i in range(50):
                 if key % 2 and i % 3 == 0:
@@ -62,7 +62,7 @@ def test_guesses_is_repeats_of_copy_match_tokens():
                 got = d.guesses(key, tokens)
                 assert got == d.repeats(key, tokens, n)
                 seen.add(got)
-                tokens = tokens + [int(rng.integers(0, 6))]
+                tokens = tokens + [int(rng.integers(0, 4))]
             assert seen == {True, False}
             d.finish(key, tokens)
 

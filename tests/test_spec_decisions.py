@@ -9,6 +9,7 @@ import pytest
 
 from llcinfer.engine.speculation import Speculator
 from llcinfer.speculative import DraftTree, NgramDrafter, VerifyCost
+from llcinfer.speculative.lookup import COPY_MATCH
 from llcinfer.speculative.pacer import MARGIN, PROBE_EVERY
 
 
@@ -135,15 +136,17 @@ def test_an_overdrawn_lookup_drafts_only_where_the_text_repeats():
     sp = Speculator(Counting())
     sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
     sp.pacer.plain_s = 0.010
-    req = SimpleNamespace(id=0, n_prompt=4, tokens=[7, 1, 2, 3, 9, 4, 2, 3], params=SimpleNamespace(max_tokens=99),
-                          stats=SimpleNamespace(n_generated=4))
-    chunk = SimpleNamespace(start=7, tokens=[3], request=req, tree=None)
+    run = list(range(1, COPY_MATCH + 1))
+    tokens = [7, *run, 99, 50, *run[1:]]  # its last COPY_MATCH - 1 tokens occurred before, its last COPY_MATCH not
+    req = SimpleNamespace(id=0, n_prompt=4, tokens=tokens, params=SimpleNamespace(max_tokens=99),
+                          stats=SimpleNamespace(n_generated=len(tokens) - 4))
+    chunk = SimpleNamespace(start=len(tokens) - 1, tokens=tokens[-1:], request=req, tree=None)
     batch = SimpleNamespace(chunks=[chunk], n_tokens=1)
     sp.extend(batch, 64, 64)  # a new request: a plain step first (Pacer.fresh)
     sp.pacer.credit = -0.001
-    sp.extend(batch, 64, 64)  # [2, 3] occurred before, [4, 2, 3] did not
+    sp.extend(batch, 64, 64)
     assert Counting.proposed == 0 and not sp._drafted
-    req.tokens[5], req.stats.n_generated = 1, 5  # now [1, 2, 3] did
+    tokens[COPY_MATCH + 2] = 1  # now they did: run, 99 before
     sp.extend(batch, 64, 64)
     assert Counting.proposed == 1 and sp._drafted and sp._copying
     sp.pacer.copy_spent = 1.0  # its allowance spent

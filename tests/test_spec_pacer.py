@@ -58,8 +58,8 @@ def test_pacer_banks_what_speculation_gains_for_the_verifications_that_fail():
 
 def test_overdrawn_drafting_goes_on_where_the_text_repeats_until_it_costs_copy_steps():
     """Paused for an overdraft, drafting on repeating text (copies) is allowed until it has
-    cost COPY_STEPS plain steps without a gain; a verification that gains renews the
-    allowance, and so do new requests."""
+    cost COPY_STEPS plain steps without a gain, its verifications' losses counted; a
+    verification that gains renews the allowance, and so do new requests."""
     pacer = Pacer()
     pacer.record("plain", 0.010)
     assert not pacer.paused() and not pacer.copies()  # not overdrawn: drafting as usual
@@ -77,8 +77,12 @@ def test_overdrawn_drafting_goes_on_where_the_text_repeats_until_it_costs_copy_s
     pacer.record("plain", 0.010)
     pacer.credit = -0.001
     assert pacer.paused() and pacer.copies()  # ... and the allowance renewed
-    for _ in range(COPY_STEPS * 10 - 1):
+    for _ in range(COPY_STEPS * 10 - 11):
         pacer.record("drafted", 0.011, drafting=0.001, copying=True)
+    pacer.record("verified", 0.020, tokens=1, drafting=0.001, copying=True)  # one that lost 9 ms, as 9 drafts
+    assert pacer.copies()
+    pacer.record("drafted", 0.011, drafting=0.001, copying=True)
+    assert not pacer.copies()
     pacer.record("verified", 0.012, tokens=8, drafting=0.001, copying=True)  # a copy that gained
     assert pacer.copy_spent == 0.0 and pacer.credit > 0 and not pacer.paused()
 

@@ -33,7 +33,7 @@ from .continuations import continuation_chain, continuation_trie
 from .copy_edits import CopyEdits
 from .tree import DraftTree
 
-COPY_MATCH = 3  # a match this long: the request's text repeats (``guesses``)
+COPY_MATCH = 4  # a match this long: the request's text repeats (``guesses``)
 _MAX_OCCURRENCES = 24  # most recent occurrences merged into one trie
 _SHORT_MATCH, _SHORT_DEPTH = 2, 8  # matches of at most 2 tokens continue at most 8 deep: rarely accepted
 # further, and merging 24 continuations 32 deep each step cost 0.45 ms of a 5 ms SmolLM2 step

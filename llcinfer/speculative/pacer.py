@@ -23,9 +23,10 @@ drafts on through text it finds nothing in, a dearer one every few steps.  Where
 request's text repeats (its last tokens occur earlier in its prompt or output: the
 drafter ``guesses``, and a copy is likely) drafting goes on while overdrawn (``copies``),
 so a code edit's answer is drafted from its first copied tokens however long the prose
-before them; such drafting is charged like any other, and stops once it has cost
-``COPY_STEPS`` plain steps without a gain (text that repeats where the target does not
-copy it), until a verification gains or new requests decode.  A draft model resumes
+before them; such drafting is charged like any other, and stops once it and the
+verifications it brought have cost ``COPY_STEPS`` plain steps more than plain decoding
+without a gain between (text that repeats where the target does not copy it), until a
+verification gains or new requests decode.  A draft model resumes
 only once the credit also covers catching up on the tokens it missed while paused
 (``paused(resume_s)``), which grows faster than MARGIN earns; where the text repeats it
 copies meanwhile, with no draft step.
@@ -63,7 +64,7 @@ class Pacer:
         self.since_plain = 0  # verifying steps since the last plain one
         self._retime = False  # the next plain step's time replaces plain_s whole (fresh)
         self.overdrawn = False  # paused for an overdraft since the last drafting step
-        self.copy_spent = 0.0  # seconds of drafting on repeating text while overdrawn, since the last gain
+        self.copy_spent = 0.0  # seconds drafting on repeating text while overdrawn lost, since the last gain
 
     def paused(self, resume_s: float = 0.0) -> bool:
         """Whether this step decodes plainly without drafting (counts the step): before
@@ -84,7 +85,8 @@ class Pacer:
 
     def copies(self) -> bool:
         """While paused for an overdraft: whether drafting still goes on where a request's
-        text repeats, until such drafting has cost COPY_STEPS plain steps without a gain."""
+        text repeats, until such drafting (its verifications' losses included) has cost
+        COPY_STEPS plain steps without a gain."""
         return self.overdrawn and self.copy_spent < COPY_STEPS * self.plain_s
 
     def fresh(self) -> None:
@@ -121,7 +123,7 @@ class Pacer:
         if gain > 0:
             self.copy_spent = 0.0
         elif copying:
-            self.copy_spent += drafting
+            self.copy_spent += drafting - gain
 
     def _book(self, seconds: float) -> None:
         self.credit = min(self.credit + seconds, CREDIT_STEPS * self.plain_s)

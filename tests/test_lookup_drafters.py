@@ -26,7 +26,8 @@ def test_repeats_says_what_a_proposal_would_match():
     """NgramDrafter.repeats(key, tokens, n) against its oracle, a proposal matching n
     tokens or more, on sequences over a small alphabet (repeats of every length), token by
     token as a request grows, its prompt and output both, and for the suffix drafter
-    another request's history too."""
+    another request's history too; ``guesses`` (asked at every paused step, with its own
+    n-gram set) says what repeats(key, tokens, COPY_MATCH) says."""
     rng = np.random.default_rng(5)
     for d in (NgramDrafter(max_match=8, min_match=2), SuffixDrafter(max_match=8, min_match=2)):
         if isinstance(d, SuffixDrafter):
@@ -35,36 +36,13 @@ def test_repeats_says_what_a_proposal_would_match():
             tokens = rng.integers(0, 5, 12).tolist()
             seen = set()
             for _ in range(40):
-                got = {n: d.repeats(key, tokens, n) for n in (2, 5, 8)}  # the substitutions learned first
+                guessed = d.guesses(key, tokens)  # the substitutions learned first
+                got = {n: d.repeats(key, tokens, n) for n in (2, COPY_MATCH, 5, 8)}
                 matched = d.match_length(key) if len(d.propose(key, tokens, 4)) else 0
-                assert got == {n: matched >= n for n in (2, 5, 8)}
+                assert got == {n: matched >= n for n in (2, COPY_MATCH, 5, 8)} and guessed == got[COPY_MATCH]
                 seen |= set(got.values())
                 tokens = tokens + [int(rng.integers(0, 5))]
             assert seen == {True, False}
-
-
-def test_guesses_is_repeats_of_copy_match_tokens():
-    """``guesses`` (asked at every paused step, with its own n-gram set) says what
-    ``repeats(key, tokens, COPY_MATCH)`` says, token by token as requests grow, with and
-    without proposals between (whose substitutions edit the prompt), and for the suffix
-    drafter with another request's history; where max_match is shorter, for max_match."""
-    rng = np.random.default_rng(7)
-    for d in (NgramDrafter(), SuffixDrafter(), NgramDrafter(max_match=2)):
-        n = min(COPY_MATCH, d.max_match)
-        if isinstance(d, SuffixDrafter):
-            d.finish("old", rng.integers(0, 4, 40).tolist())
-        for key in range(4):
-            tokens = rng.integers(0, 4, 10).tolist()
-            seen = set()
-            for i in range(50):
-                if key % 2 and i % 3 == 0:
-                    d.propose(key, tokens, 4)
-                got = d.guesses(key, tokens)
-                assert got == d.repeats(key, tokens, n)
-                seen.add(got)
-                tokens = tokens + [int(rng.integers(0, 4))]
-            assert seen == {True, False}
-            d.finish(key, tokens)
 
 
 def test_ngram_index_finds_what_a_scan_finds_and_adds_no_objects_per_entry():

@@ -13,6 +13,14 @@ from llcinfer.speculative.lookup import COPY_MATCH
 from llcinfer.speculative.pacer import MARGIN, PROBE_EVERY
 
 
+def _flat_speculator(drafter) -> Speculator:
+    """A speculator whose verifications of 1 to 64 rows all take a 10 ms decode step, its
+    plain step timed at 10 ms."""
+    sp = Speculator(drafter)
+    sp.cost, sp.pacer.plain_s = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010), 0.010
+    return sp
+
+
 def test_no_drafting_where_even_perfect_drafts_would_not_pay():
     """Rows compute-bound past 4 (2.2-2.6 ms per row): one sequence gains from drafts, eight do
     not even if every draft were accepted, and with a drafter whose step costs 3 ms
@@ -61,8 +69,7 @@ def test_no_drafting_where_catching_the_draft_up_costs_more_than_the_request_can
             self.asked = [max_nodes for _, _, max_nodes in asks]
             return [DraftTree.empty() for _ in asks]
 
-    sp = Speculator(Behind())
-    sp.cost, sp.pacer.plain_s = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010), 0.010
+    sp = _flat_speculator(Behind())
     reqs = [SimpleNamespace(id=i, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=m),
                             stats=SimpleNamespace(n_generated=2)) for i, m in enumerate((99, 5))]
     batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=r, tree=None) for r in reqs], n_tokens=2)
@@ -133,9 +140,7 @@ def test_an_overdrawn_lookup_drafts_only_where_the_text_repeats():
             Counting.proposed += 1
             return DraftTree.empty()
 
-    sp = Speculator(Counting())
-    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
-    sp.pacer.plain_s = 0.010
+    sp = _flat_speculator(Counting())
     run = list(range(1, COPY_MATCH + 1))
     tokens = [7, *run, 99, 50, *run[1:]]  # its last COPY_MATCH - 1 tokens occurred before, its last COPY_MATCH not
     req = SimpleNamespace(id=0, n_prompt=4, tokens=tokens, params=SimpleNamespace(max_tokens=99),
@@ -173,9 +178,7 @@ def test_a_draft_model_resumes_after_a_pause_once_the_credit_covers_its_catch_up
             Lagging.proposed += 1
             return DraftTree.empty()
 
-    sp = Speculator(Lagging())
-    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
-    sp.pacer.plain_s = 0.010
+    sp = _flat_speculator(Lagging())
     req = SimpleNamespace(id=0, n_prompt=4, tokens=[1, 2, 3, 1, 2, 3], params=SimpleNamespace(max_tokens=99),
                           stats=SimpleNamespace(n_generated=2))
     batch = SimpleNamespace(chunks=[SimpleNamespace(start=5, tokens=[3], request=req, tree=None)], n_tokens=1)
@@ -249,9 +252,7 @@ def test_a_prompt_the_draft_reads_late_is_prefill_not_drafting():
             self.read_s = 1.0
             return [DraftTree.empty() for _ in asks]
 
-    sp = Speculator(LateReader())
-    sp.cost = VerifyCost.fit([1, 2, 4, 8, 16, 32, 64], [0.010] * 7, decode_s=0.010)
-    sp.pacer.plain_s = 0.010
+    sp = _flat_speculator(LateReader())
     req = SimpleNamespace(id=0, n_prompt=4, tokens=[1, 2, 3, 1, 2], params=SimpleNamespace(max_tokens=99),
                           stats=SimpleNamespace(n_generated=1))
     chunk = SimpleNamespace(start=4, tokens=[2], request=req, tree=None)

@@ -10,12 +10,14 @@ what drafting may cost beyond what it gains; with the copies' allowance it decid
 soon drafting notices text it can copy again.  Each round runs plain and every arm once
 (the order rotated, backwards on odd rounds); per arm the figure is the median over
 rounds of its TPOT over plain's in the same round, beside the time its speculator's
-calls took per request (drafting, the pacer's and the budget's work) and their share of
-the request's decode time: on free chat the differences between arms are smaller than
-the host's noise between adjacent runs, their own time is not.  Every arm has its own
-drafter (a draft model loaded once per arm) and shares the start-up verification cost;
-a suffix drafter's history is emptied before each of its runs.  Every output must equal plain greedy decoding's.
-Nothing else may run on the machine meanwhile.
+per-step calls took per request (``extend`` and ``record_step``: drafting, the pacer's
+and the budget's work; not a draft model's reads of prompts beside the target's
+prefill) and their share of the request's decode time: on free chat the differences
+between arms are smaller than the host's noise between adjacent runs, their own time is
+not.  Every arm has its own drafter (a draft model loaded once per arm) and shares the
+start-up verification cost; a suffix drafter's history is emptied before each of its
+runs.  Every output must equal plain greedy decoding's.  Nothing else may run on the
+machine meanwhile.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def parse_arms(text: str) -> list[tuple[float, float]]:
     for arm in (a for a in text.replace(" ", "").split(",") if a):
         margin, _, copy_steps = arm.partition(":")
         arms.append((float(margin), float(copy_steps) if copy_steps else float(pacer.COPY_STEPS)))
-    if not arms or any(not 0 <= m < 1 or c < 0 for m, c in arms) or len(set(arms)) < len(arms):
+    if not arms or any(not 0 <= m < 1 or not c >= 0 for m, c in arms) or len(set(arms)) < len(arms):
         raise ValueError(text)
     return arms
 

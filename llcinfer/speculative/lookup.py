@@ -113,8 +113,8 @@ class NgramDrafter:
         self._copying: dict[object, int] = {}  # request key -> 1 while its last verified path was accepted whole
         self._edits: dict[object, CopyEdits] = {}  # request key -> its prompt and learned substitutions
         self._pending: dict[object, tuple] = {}  # request key -> its last proposal's best path (_learn)
-        self._grams: dict[object, tuple[set, list[int]]] = {}  # request key -> (its own COPY_MATCH-grams a
-        # token follows, [end of the next one to add]) (guesses)
+        self._grams: dict[object, tuple[set, int]] = {}  # request key -> (its own COPY_MATCH-grams a token
+        # follows, the end of the next one to add) (guesses)
 
     def rate(self, n: int, copying: int = 0) -> float:
         """Per-token acceptance rate of drafts from n-token matches, made right after a
@@ -141,7 +141,7 @@ class NgramDrafter:
             self._own[key] = (idx, idx.add(tokens, skip=max(0, len(tokens) - 2)))  # the prompt: CopyEdits
             self._edits[key] = CopyEdits(tokens[:-1])  # what it started from: before its first proposal's root
             self._pending.pop(key, None)
-            self._grams[key] = (set(), [len(tokens) - 1])  # the n-grams the index has, as above
+            self._grams[key] = (set(), len(tokens) - 1)  # the n-grams the index has, as above
         idx, doc = self._own[key]
         have = len(idx.docs[doc])
         if tokens[:have] != idx.docs[doc]:  # rewound (never in the engine): start over
@@ -201,11 +201,11 @@ class NgramDrafter:
             self._own_index(key, tokens)
         self._learn(key, tokens)
         grams, upto = self._grams[key]
-        for end in range(max(upto[0], n), len(tokens)):  # those a token follows
+        for end in range(max(upto, n), len(tokens)):  # those a token follows
             grams.add(tuple(tokens[end - n:end]))
-        upto[0] = max(upto[0], len(tokens))
+        self._grams[key] = (grams, max(upto, len(tokens)))
         pattern = tuple(tokens[-n:])
-        return pattern in grams or len(self._edits[key].ends(pattern)) > 0 or self._elsewhere(pattern)
+        return pattern in grams or bool(self._edits[key].ends(pattern)) or self._elsewhere(pattern)
 
     def _elsewhere(self, pattern: tuple[int, ...]) -> bool:
         """Whether ``pattern`` occurs, a token after it, in text other than the request's."""

@@ -26,10 +26,10 @@ so a code edit's answer is drafted from its first copied tokens however long the
 before them; such drafting is charged like any other, and stops once it and the
 verifications it brought have cost ``COPY_STEPS`` plain steps more than plain decoding
 without a gain between (text that repeats where the target does not copy it), until a
-verification gains or new requests decode.  A draft model resumes
-only once the credit also covers catching up on the tokens it missed while paused
-(``paused(resume_s)``), which grows faster than MARGIN earns; where the text repeats it
-copies meanwhile, with no draft step.
+verification gains or new requests decode.  A draft model resumes only once the credit
+also covers catching up on the tokens it missed while paused (``paused(resume_s)``),
+which grows faster than MARGIN earns; where the text repeats it copies meanwhile, with
+no draft step.
 
 An account overdrawn on earlier requests is forgiven, and the copies' allowance renewed,
 when a new set of requests starts decoding (``fresh``; the speculator calls it where
